@@ -1,0 +1,10 @@
+"""Registers eagle3_pipeline's config schema when Hydra scans its plugins.
+
+DVC (``hydra.enabled``) imports every module under ``hydra_plugins/`` in the repository
+root before it composes ``conf/`` for ``dvc exp run``; the schema then validates ``-S``
+overrides (an unknown key or a wrong type fails before any stage runs).
+"""
+
+from eagle3_pipeline.config import register_schema
+
+register_schema()

@@ -1,0 +1,385 @@
+"""The configuration schema and the one loader every stage uses.
+
+Why one loader: DVC runs stages against the composed ``params.yaml`` (``dvc repro`` never
+composes ``conf/``), while a person runs ``python -m eagle3_pipeline.stages.X key=value``
+and expects ``conf/`` + overrides. Both paths go through :func:`load_config` and are
+validated by the same dataclass schema, so they cannot drift apart.
+
+Why dataclasses registered in Hydra's ConfigStore: with the schema as the first entry of
+``conf/config.yaml``'s defaults list, Hydra rejects an unknown key or a wrong type while
+composing -- including when ``dvc exp run -S`` composes (DVC imports ``hydra_plugins/``
+from the repository root first, see ``hydra_plugins/eagle3_pipeline_schema``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA_NAME = "eagle3_schema"
+DEFAULT_PARAMS = "params.yaml"
+DEFAULT_CONF_DIR = "conf"
+
+
+class ConfigError(ValueError):
+    """A configuration problem a user must fix; its message names the key or file."""
+
+
+# --------------------------------------------------------------------------- schema
+
+
+@dataclass
+class TinyModelConfig:
+    """Shape of the embedded tiny target that the ``target`` stage builds locally."""
+
+    architecture: str = "kimi_k25"  # kimi_k25 | llama
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    intermediate_size: int = 256
+    vocab_size: int = 2048
+    # MLA (kimi_k25 only)
+    q_lora_rank: int | None = 64
+    kv_lora_rank: int = 32
+    qk_rope_head_dim: int = 16
+    qk_nope_head_dim: int = 32
+    v_head_dim: int = 32
+    # MoE (kimi_k25 only)
+    n_routed_experts: int = 4
+    num_experts_per_tok: int = 2
+    n_shared_experts: int = 1
+    moe_intermediate_size: int = 64
+    first_k_dense_replace: int = 1
+    max_position_embeddings: int = 1024
+
+
+@dataclass
+class ModelConfig:
+    """The target model. Exactly one of ``tiny`` (build locally) or ``path``/``hub_id``."""
+
+    name: str = "tiny_kimi_k25"
+    # Build a tiny target locally (the offline default); null for a real target.
+    tiny: TinyModelConfig | None = None
+    # A local directory holding at least config.json (+ weight index, tokenizer files).
+    path: str | None = None
+    # A real target's hub id and pinned revision (a commit sha): a hub id alone is not a
+    # reproducible dependency.
+    hub_id: str | None = None
+    revision: str | None = None
+    trust_remote_code: bool = False
+    # Residual-stream layers to capture (id k = the stream entering layer k). null: the
+    # target adapter's default. Resolved once by the target stage into target.json.
+    aux_layer_ids: list[int] | None = None
+    # Precision the target runs in for extraction / generation on GPUs.
+    dtype: str = "bfloat16"
+
+
+@dataclass
+class ServingConfig:
+    """Parallel sizes for serving the target with vLLM on this hardware."""
+
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
+    enable_expert_parallel: bool = False
+    gpu_memory_utilization: float = 0.9
+    max_model_len: int = 8192
+
+
+@dataclass
+class ThroughputAssumptions:
+    """Throughput figures used by estimates until the pipeline has measured its own."""
+
+    extract_tokens_per_s: float = 2000.0
+    train_steps_per_s: float = 5.0
+    source: str = "assumption"
+
+
+@dataclass
+class HardwareConfig:
+    """What the run expects of the machine; preflight checks the machine against it."""
+
+    name: str = "cpu"
+    device: str = "cpu"  # cpu | cuda
+    nodes: int = 1
+    gpu_count: int = 0  # per node
+    gpu_name: str | None = None  # substring the NVML name must contain
+    gpu_memory_mib: int | None = None
+    memory_tolerance_mib: int = 2048
+    min_compute_capability: float | None = None
+    interconnect: str = "none"  # none | pcie | nvlink
+    idle_memory_mib: int = 1024  # a GPU using more than this is busy
+    expected_processes: list[str] = field(default_factory=list)
+    train_dtype: str = "float32"
+    serving: ServingConfig = field(default_factory=ServingConfig)
+    throughput: ThroughputAssumptions = field(default_factory=ThroughputAssumptions)
+
+
+@dataclass
+class DataConfig:
+    """Where conversations come from and how they become training rows."""
+
+    name: str = "builtin"
+    source: str = "builtin"  # builtin | file | hf
+    path: str | None = None
+    format: str = "auto"  # auto | sharegpt | openai
+    split: str = "train"
+    heldout_size: int = 16
+    max_seq_len: int = 512
+    on_error: str = "skip"  # skip | fail
+    regenerate: bool = False
+    reasoning: str = "keep"  # keep | drop
+    license: str = "PSF-2.0"
+
+
+@dataclass
+class TargetStageConfig:
+    """How the ``target`` stage builds and trains the embedded tiny target."""
+
+    train_steps: int = 400
+    batch_size: int = 16
+    seq_len: int = 128
+    lr: float = 3.0e-3
+    heldout_fraction: float = 0.05
+    max_shard_size: str = "2MB"
+
+
+@dataclass
+class PreflightConfig:
+    strict: bool = True
+    min_free_disk_gb: float = 1.0
+
+
+@dataclass
+class ExtractConfig:
+    backend: str = "hf"  # hf | vllm
+    dtype: str = "bfloat16"
+    batch_tokens: int = 4096
+
+
+@dataclass
+class TrainConfig:
+    # Number of training conversations (the design card's `dvc exp run -S train.samples=N`).
+    samples: int = 240
+    epochs: int = 10
+    lr: float = 1.0e-3
+    speculative_tokens: int = 3
+    draft_vocab_size: int = 1024
+
+
+@dataclass
+class Config:
+    """The whole composed configuration (``params.yaml``)."""
+
+    seed: int = 0
+    data_dir: str = "data"
+    metrics_dir: str = "metrics"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    target: TargetStageConfig = field(default_factory=TargetStageConfig)
+    preflight: PreflightConfig = field(default_factory=PreflightConfig)
+    extract: ExtractConfig = field(default_factory=ExtractConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "hardware.device": ("cpu", "cuda"),
+    "hardware.interconnect": ("none", "pcie", "nvlink"),
+    "data.source": ("builtin", "file", "hf"),
+    "data.format": ("auto", "sharegpt", "openai"),
+    "data.on_error": ("skip", "fail"),
+    "data.reasoning": ("keep", "drop"),
+    "extract.backend": ("hf", "vllm"),
+    "extract.dtype": ("bfloat16", "float16", "float32"),
+    "model.dtype": ("bfloat16", "float16", "float32"),
+    "hardware.train_dtype": ("bfloat16", "float16", "float32"),
+}
+
+
+def register_schema() -> None:
+    """Store the schema in Hydra's ConfigStore under :data:`SCHEMA_NAME` (idempotent)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=Config)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _get(cfg: Config, dotted: str) -> Any:
+    obj: Any = cfg
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def validate(cfg: Config) -> Config:
+    """Semantic checks the type system cannot express; raise :class:`ConfigError`."""
+    for key, allowed in _CHOICES.items():
+        value = _get(cfg, key)
+        if value not in allowed:
+            raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}")
+    m = cfg.model
+    if m.tiny is None and not (m.path or m.hub_id):
+        raise ConfigError("model: set model.tiny (build locally), model.path or model.hub_id")
+    if m.tiny is not None and (m.path or m.hub_id):
+        raise ConfigError("model: model.tiny builds a target locally; unset model.path/hub_id")
+    if m.tiny is not None and m.tiny.architecture not in ("kimi_k25", "llama"):
+        raise ConfigError(f"model.tiny.architecture={m.tiny.architecture!r} is not kimi_k25 or llama")
+    if m.aux_layer_ids is not None and len(m.aux_layer_ids) == 0:
+        raise ConfigError("model.aux_layer_ids is empty: use null for the adapter's default")
+    hw = cfg.hardware
+    if hw.device == "cuda" and hw.gpu_count < 1:
+        raise ConfigError("hardware.gpu_count must be >= 1 when hardware.device is cuda")
+    if hw.device == "cpu" and hw.gpu_count != 0:
+        raise ConfigError("hardware.gpu_count must be 0 when hardware.device is cpu")
+    if cfg.train.samples < 1:
+        raise ConfigError(f"train.samples={cfg.train.samples} must be >= 1")
+    if cfg.train.speculative_tokens < 1:
+        raise ConfigError(f"train.speculative_tokens={cfg.train.speculative_tokens} must be >= 1")
+    if cfg.data.heldout_size < 1:
+        raise ConfigError(f"data.heldout_size={cfg.data.heldout_size} must be >= 1")
+    if cfg.data.max_seq_len < 8:
+        raise ConfigError(f"data.max_seq_len={cfg.data.max_seq_len} must be >= 8")
+    if cfg.data.source in ("file", "hf") and not cfg.data.path:
+        raise ConfigError(f"data.path is required when data.source={cfg.data.source}")
+    return cfg
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _to_config(node: Any) -> Config:
+    """Merge an OmegaConf node / dict into the structured schema and validate it."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        base = OmegaConf.structured(Config)
+        merged = OmegaConf.merge(base, node)
+        OmegaConf.resolve(merged)
+        cfg = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(_omegaconf_message(exc)) from None
+    assert isinstance(cfg, Config)
+    return validate(cfg)
+
+
+def _omegaconf_message(exc: BaseException) -> str:
+    """One line naming the key and the problem, from Hydra/OmegaConf's multi-line errors."""
+    parts: list[str] = []
+    seen: BaseException | None = exc
+    while seen is not None:
+        lines = [ln.strip() for ln in str(seen).strip().splitlines() if ln.strip()]
+        for ln in lines:
+            if ln.startswith(("full_key:", "reference_type=", "object_type=", "To append")):
+                continue
+            if ln.startswith(("Config search path", "provider=")):
+                break
+            parts.append(ln.rstrip(".:"))
+        seen = seen.__cause__
+    text = "; ".join(dict.fromkeys(p for p in parts if p))
+    return text.replace("Available options in", "available options in").replace(";\t", ", ")
+
+
+def compose(overrides: list[str] | None = None, conf_dir: str | Path = DEFAULT_CONF_DIR) -> Any:
+    """Compose ``conf/`` + Hydra overrides exactly like ``dvc exp run`` does.
+
+    Returns the resolved OmegaConf node (what DVC dumps to params.yaml).
+    """
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    conf_path = Path(conf_dir).resolve()
+    if not (conf_path / "config.yaml").is_file():
+        raise ConfigError(f"{conf_path / 'config.yaml'} not found: run from the repository root")
+    register_schema()
+    try:
+        with initialize_config_dir(str(conf_path), version_base=None):
+            cfg = hydra_compose(config_name="config", overrides=list(overrides or []))
+        OmegaConf.resolve(cfg)
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise ConfigError(_omegaconf_message(exc)) from None
+    return cfg
+
+
+def compose_yaml(overrides: list[str] | None = None, conf_dir: str | Path = DEFAULT_CONF_DIR) -> str:
+    """The text DVC writes to params.yaml for these overrides (``OmegaConf.to_yaml``)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_yaml(compose(overrides, conf_dir))
+
+
+def load_params(path: str | Path = DEFAULT_PARAMS) -> Config:
+    """Load and validate a composed snapshot (what DVC-run stages read)."""
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{p}: params file not found (recompose it with `eagle3-compose`)")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not valid YAML ({exc})") from None
+    try:
+        return _to_config(data)
+    except ConfigError as exc:
+        raise ConfigError(f"{p}: {exc}") from None
+
+
+def load_config(
+    overrides: list[str] | None = None,
+    params: str | Path | None = None,
+    conf_dir: str | Path = DEFAULT_CONF_DIR,
+) -> Config:
+    """The one loader: a params snapshot when given, else ``conf/`` + overrides."""
+    if params is not None:
+        if overrides:
+            raise ConfigError(
+                "overrides cannot be combined with --params: edit conf/ or pass overrides alone"
+            )
+        return load_params(params)
+    return _to_config(compose(overrides, conf_dir))
+
+
+def stage_argparser(prog: str, description: str) -> argparse.ArgumentParser:
+    """The command line every stage shares: ``[--params FILE] [key=value ...]``."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=description,
+        epilog=(
+            "Examples:\n"
+            f"  python -m {prog} --params params.yaml      # what dvc.yaml runs\n"
+            f"  python -m {prog} train.epochs=1 model=tiny_llama   # compose conf/ + overrides\n"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--params",
+        metavar="FILE",
+        help="read this composed snapshot (params.yaml) instead of composing conf/",
+    )
+    parser.add_argument(
+        "--conf-dir", default=DEFAULT_CONF_DIR, help="Hydra config directory (default: conf)"
+    )
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. train.samples=100")
+    return parser
+
+
+def config_from_cli(prog: str, description: str, argv: list[str] | None = None) -> tuple[Config, argparse.Namespace]:
+    """Parse a stage's command line and load its config; exit 2 with one line on error."""
+    parser = stage_argparser(prog, description)
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_config(args.overrides, params=args.params, conf_dir=args.conf_dir)
+    except ConfigError as exc:
+        print(f"error: config: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    return cfg, args
