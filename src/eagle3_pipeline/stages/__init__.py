@@ -1,0 +1,1 @@
+"""Thin DVC stage entrypoints: config in, one library call, outputs and metrics out."""

@@ -1,0 +1,38 @@
+"""Stage `target`: build the embedded tiny target, or describe a real one (never its
+weights), into data/target/target.json -- the one place later stages read the target's
+shape and the aux layer ids from."""
+
+from __future__ import annotations
+
+import logging
+
+from ..config import Config
+from ..io import atomic_write_json
+from ..resolve import resolve_target
+from ..runner import metrics_path, run_stage
+
+log = logging.getLogger(__name__)
+
+
+def run(cfg: Config) -> None:
+    spec, metrics = resolve_target(cfg)
+    atomic_write_json(metrics_path(cfg, "target"), metrics)
+    log.info(
+        "target %s (%s -> vLLM %s): %d layers, hidden %d, vocab %d, aux layers %s",
+        spec.name, spec.architecture, spec.vllm_architecture, spec.num_layers,
+        spec.hidden_size, spec.vocab_size, spec.aux_layer_ids,
+    )
+    if "heldout_perplexity" in metrics:
+        log.info(
+            "tiny target held-out perplexity %.1f (unigram %.1f, ratio %.2f)",
+            metrics["heldout_perplexity"], metrics["unigram_perplexity"],
+            metrics["perplexity_ratio_vs_unigram"],
+        )
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_stage("target", __doc__ or "", run, argv)
+
+
+if __name__ == "__main__":
+    main()
