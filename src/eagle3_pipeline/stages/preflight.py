@@ -1,0 +1,37 @@
+"""Stage `preflight`: check the machine against the hardware profile (NVML GPUs, torch's
+view of them, package versions, free disk for the hidden states) before any work starts.
+
+Writes data/preflight/inventory.json (stable, profile-level facts: downstream stages depend
+on it) and metrics/preflight.json (volatile readings and the verdict of each check).
+Exits 1 when a check fails, unless preflight.strict=false (failures become warnings).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..config import Config
+from ..preflight import render, run_preflight, write_outputs
+from ..runner import StageError, metrics_path, run_stage
+
+log = logging.getLogger(__name__)
+
+
+def run(cfg: Config) -> None:
+    result = run_preflight(cfg)
+    write_outputs(cfg, result, metrics_path(cfg, "preflight"))
+    print(render(result), flush=True)
+    if result.passed:
+        return
+    n = len(result.problems)
+    if cfg.preflight.strict:
+        raise StageError(f"{n} problem(s) found (preflight.strict=false turns them into warnings)")
+    log.warning("preflight: %d problem(s) ignored because preflight.strict=false", n)
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_stage("preflight", __doc__ or "", run, argv)
+
+
+if __name__ == "__main__":
+    main()

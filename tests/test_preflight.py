@@ -1,0 +1,360 @@
+"""Preflight checks against hardware profiles, on in-memory machines and on this CPU box."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from eagle3_pipeline import preflight
+from eagle3_pipeline.config import Config, load_config
+from eagle3_pipeline.gpu import GpuInfo, GpuProcess, MemoryReader, NoGpuDriver, select_visible
+from eagle3_pipeline.preflight import TorchView, run_preflight
+
+REPO = Path(__file__).resolve().parents[1]
+CONF = REPO / "conf"
+BLACKWELL = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
+VERSIONS = {"torch": "2.14.1", "transformers": "5.19.0", "speculators": "0.9.0", "vllm": None}
+PLENTY = 10**15  # bytes of free disk
+
+
+def rtx(i: int, used: int = 0, procs: tuple[GpuProcess, ...] = (), **kw) -> GpuInfo:
+    return GpuInfo(
+        index=i,
+        name=BLACKWELL,
+        uuid=f"GPU-{i:02d}aa1b2c-0000-1111-2222-33334444{i:04d}",
+        memory_total_mib=97887,
+        memory_used_mib=used,
+        compute_capability=(12, 0),
+        processes=procs,
+        **kw,
+    )
+
+
+def h200(i: int) -> GpuInfo:
+    return GpuInfo(i, "NVIDIA H200", f"GPU-h200{i:04d}", 143771, 0, (9, 0))
+
+
+@functools.cache
+def _cfg(*overrides: str) -> Config:
+    return load_config(list(overrides), conf_dir=CONF)
+
+
+def cfg_for(tmp_path: Path, *overrides: str) -> Config:
+    cfg = copy.deepcopy(_cfg(*overrides))
+    cfg.data_dir = str(tmp_path / "data")
+    cfg.metrics_dir = str(tmp_path / "metrics")
+    return cfg
+
+
+def run(cfg: Config, gpus: list[GpuInfo], env: dict[str, str] | None = None, **kw):
+    """Preflight on an in-memory machine; torch sees what CUDA_VISIBLE_DEVICES lets it."""
+    env = env or {}
+
+    def torch_sees() -> TorchView:
+        n = len(select_visible(gpus, env.get("CUDA_VISIBLE_DEVICES")))
+        return TorchView("2.14.1+cu128", "12.8", n)
+
+    kw.setdefault("torch_probe", torch_sees)
+    kw.setdefault("free_fn", lambda p: PLENTY)
+    kw.setdefault("versions", dict(VERSIONS))
+    return run_preflight(cfg, reader=MemoryReader(gpus), env=env, **kw)
+
+
+def failed(result) -> dict[str, list[str]]:
+    return {c.name: c.problems for c in result.checks if not c.passed}
+
+
+# --------------------------------------------------------------------------- the cases
+
+
+def test_eight_idle_blackwells_pass(tmp_path):
+    cfg = cfg_for(tmp_path, "hardware=rtx_pro_6000_x8")
+    res = run(cfg, [rtx(i) for i in range(8)])
+    assert failed(res) == {} and res.passed and res.mode == "cuda"
+    assert res.inventory == {
+        "mode": "cuda",
+        "gpu_count": 8,
+        "gpus": [
+            {"name": BLACKWELL, "memory_total_mib": 97887, "compute_capability": "12.0", "count": 8}
+        ],
+    }
+    m = res.metrics
+    assert m["passed"] is True and m["gpu_count_visible"] == 8
+    assert m["gpus"][3]["uuid"].startswith("GPU-03") and m["snapshot"]["mode"] == "cuda"
+    table = preflight.render(res)
+    assert "preflight passed" in table and "97,887 MiB" in table
+
+
+def test_inventory_is_stable_across_readings(tmp_path):
+    """No UUIDs, driver versions or memory in use: a rerun on a busier identical node
+    writes the same inventory, so downstream stages stay cached."""
+    cfg = cfg_for(tmp_path, "hardware=rtx_pro_6000_x8")
+    cfg.hardware.idle_memory_mib = 10**6
+    a = run(cfg, [rtx(i) for i in range(8)]).inventory
+    other = [dataclasses.replace(rtx(i, used=500 + i), uuid=f"GPU-other{i}") for i in range(8)]
+    assert run(cfg, other).inventory == a
+    text = json.dumps(a)
+    assert "GPU-" not in text and "used" not in text
+
+
+def test_busy_gpu_with_a_foreign_process_fails_with_an_actionable_line(tmp_path):
+    cfg = cfg_for(tmp_path, "hardware=rtx_pro_6000_x8")
+    gpus = [rtx(i) for i in range(8)]
+    gpus[3] = rtx(3, used=41_210, procs=(GpuProcess(8812, "python", 41_210),))
+    res = run(cfg, gpus)
+    assert failed(res) == {
+        "gpu_idle": [
+            "GPU 3: 41,210 MiB used by pid 8812 (python): stop it or set CUDA_VISIBLE_DEVICES"
+        ]
+    }
+    assert res.metrics["passed"] is False and res.metrics["failures"] == 1
+    assert "FAIL: GPU 3: 41,210 MiB used by pid 8812 (python)" in preflight.render(res)
+
+
+def test_memory_held_by_processes_not_visible_here(tmp_path):
+    cfg = cfg_for(tmp_path, "hardware=rtx_pro_6000_x8")
+    gpus = [rtx(i) for i in range(8)]
+    gpus[5] = rtx(5, used=20_000)
+    (line,) = failed(run(cfg, gpus))["gpu_idle"]
+    assert line.startswith("GPU 5: 20,000 MiB used by processes not visible here")
+
+
+def test_expected_process_is_allowed(tmp_path):
+    cfg = cfg_for(tmp_path, "hardware=rtx_pro_6000_x8", "hardware.expected_processes=[vllm]")
+    serve = GpuProcess(7001, "vllm", 80_000)
+    gpus = [rtx(i, used=80_300, procs=(serve,)) for i in range(8)]
+    res = run(cfg, gpus)
+    assert failed(res) == {}
+    # ... but a second, undeclared process on one of them still fails
+    gpus[2] = rtx(2, used=90_000, procs=(serve, GpuProcess(9, "python", 9_700)))
+    assert failed(run(cfg, gpus))["gpu_idle"] == [
+        "GPU 2: 9,700 MiB used by pid 9 (python): stop it or set CUDA_VISIBLE_DEVICES"
+    ]
+
+
+def test_seven_of_eight_visible(tmp_path):
+    cfg = cfg_for(tmp_path, "hardware=rtx_pro_6000_x8")
+    res = run(cfg, [rtx(i) for i in range(8)], env={"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6"})
+    assert failed(res) == {
+        "gpu_count": [
+            "7 GPU(s) visible (CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6), hardware=rtx_pro_6000_x8 "
+            "expects 8: check CUDA_VISIBLE_DEVICES and nvidia-smi"
+        ]
+    }
+
+
+def test_torch_and_nvml_disagree(tmp_path):
+    cfg = cfg_for(tmp_path, "hardware=rtx_pro_6000_x8")
+    res = run(cfg, [rtx(i) for i in range(8)], torch_probe=lambda: TorchView("2.14.1", "12.8", 7))
+    assert failed(res) == {
+        "torch_devices": [
+            "torch sees 7 CUDA device(s), NVML sees 8: check the driver / CUDA runtime "
+            "compatibility and CUDA_VISIBLE_DEVICES"
+        ]
+    }
+
+
+def test_h200_where_blackwell_expected(tmp_path):
+    cfg = cfg_for(tmp_path, "hardware=rtx_pro_6000_x8")
+    res = run(cfg, [h200(i) for i in range(8)])
+    f = failed(res)
+    assert set(f) == {"gpu_model", "gpu_memory", "compute_capability"}
+    assert f["gpu_model"][0] == (
+        "GPU 0: NVIDIA H200 is not a 'RTX PRO 6000 Blackwell' (hardware=rtx_pro_6000_x8): pick "
+        "the hardware profile of this machine or exclude it with CUDA_VISIBLE_DEVICES"
+    )
+    assert f["compute_capability"][0] == (
+        "GPU 0: compute capability 9.0 < 12.0 required by hardware=rtx_pro_6000_x8"
+    )
+    assert f["gpu_memory"][0].startswith("GPU 0: 143,771 MiB total, hardware=rtx_pro_6000_x8")
+    assert all(len(v) == 8 for v in f.values())
+    # and the H200 profile accepts one of them
+    res = run(cfg_for(tmp_path, "hardware=h200_x1"), [h200(0)])
+    assert failed(res) == {}
+
+
+def test_mig_enabled_fails(tmp_path):
+    cfg = cfg_for(tmp_path, "hardware=rtx_pro_6000_x8")
+    gpus = [rtx(i) for i in range(8)]
+    gpus[1] = rtx(1, mig_enabled=True, mig_uuids=("MIG-aaaa",))
+    assert failed(run(cfg, gpus)) == {
+        "mig": [
+            "GPU 1: MIG mode is enabled, the run needs whole GPUs: disable it "
+            "(sudo nvidia-smi -i 1 -mig 0) or exclude it with CUDA_VISIBLE_DEVICES"
+        ]
+    }
+
+
+def test_prohibited_compute_mode_fails(tmp_path):
+    cfg = cfg_for(tmp_path, "hardware=h200_x1")
+    gpu = dataclasses.replace(h200(0), compute_mode="prohibited")
+    assert "nvidia-smi -i 0 -c DEFAULT" in failed(run(cfg, [gpu]))["compute_mode"][0]
+
+
+def test_visible_subset_by_index_avoids_a_busy_gpu(tmp_path):
+    cfg = cfg_for(tmp_path, "hardware=rtx_pro_6000_x8", "hardware.gpu_count=2")
+    cfg.hardware.serving.tensor_parallel_size = 2
+    gpus = [rtx(i) for i in range(8)]
+    gpus[0] = rtx(0, used=41_210, procs=(GpuProcess(8812, "python", 41_210),))
+    assert "gpu_idle" in failed(run(cfg, gpus, env={"CUDA_VISIBLE_DEVICES": "0,1"}))
+    res = run(cfg, gpus, env={"CUDA_VISIBLE_DEVICES": "6,7"})
+    assert failed(res) == {}
+    assert [g["index"] for g in res.metrics["gpus"]] == [6, 7]
+    assert res.metrics["cuda_visible_devices"] == "6,7"
+
+
+def test_visible_subset_by_uuid_names_the_cuda_ordinal(tmp_path):
+    cfg = cfg_for(tmp_path, "hardware=rtx_pro_6000_x8", "hardware.gpu_count=1")
+    gpus = [rtx(i) for i in range(8)]
+    gpus[5] = rtx(5, used=3_000, procs=(GpuProcess(77, "python3", 2_900),))
+    res = run(cfg, gpus, env={"CUDA_VISIBLE_DEVICES": gpus[5].uuid[:12]})
+    assert failed(res)["gpu_idle"] == [
+        "GPU 0 (NVML index 5): 2,900 MiB used by pid 77 (python3): stop it or set "
+        "CUDA_VISIBLE_DEVICES"
+    ]
+    res = run(cfg, gpus, env={"CUDA_VISIBLE_DEVICES": gpus[4].uuid})
+    assert failed(res) == {} and res.metrics["gpus"][0]["index"] == 4
+
+
+def test_bad_cuda_visible_devices_is_a_failed_check(tmp_path):
+    cfg = cfg_for(tmp_path, "hardware=rtx_pro_6000_x8")
+    res = run(
+        cfg,
+        [rtx(i) for i in range(8)],
+        env={"CUDA_VISIBLE_DEVICES": "GPU-nope"},
+        torch_probe=lambda: TorchView("2.14.1", "12.8", 0),
+    )
+    assert failed(res)["visible_devices"] == [
+        "CUDA_VISIBLE_DEVICES entry 'GPU-nope' matches no GPU UUID"
+    ]
+    assert not res.passed
+
+
+def test_torch_cpu_build_cannot_reach_the_gpus(tmp_path):
+    cfg = cfg_for(tmp_path, "hardware=h200_x1")
+    res = run(cfg, [h200(0)], torch_probe=lambda: TorchView("2.13.0+cpu", None, 0))
+    assert failed(res) == {
+        "torch_devices": [
+            "torch sees 0 CUDA device(s), NVML sees 1: torch 2.13.0+cpu is a CPU build: "
+            "install a CUDA build of torch"
+        ]
+    }
+
+
+def test_packages_missing_or_out_of_range(tmp_path):
+    cfg = cfg_for(tmp_path)
+    versions = {**VERSIONS, "speculators": None, "transformers": "5.21.0"}
+    res = run(cfg, [], versions=versions)
+    assert failed(res)["packages"] == [
+        "transformers 5.21.0 is installed, need >=5.0,<=5.19.0: pip install "
+        "'transformers>=5.0,<=5.19.0'",
+        "speculators is not installed: pip install 'speculators>=0.9,<0.10'",
+    ]
+    # vLLM is only required when extraction uses it; local version labels are fine
+    cfg.extract.backend = "vllm"
+    res = run(cfg, [], versions={**VERSIONS, "torch": "2.14.1+cu128"})
+    assert failed(res)["packages"] == ["vllm is not installed: pip install 'vllm>=0.33,<0.34'"]
+
+
+def test_disk_too_small(tmp_path):
+    cfg = cfg_for(tmp_path, "hardware=rtx_pro_6000_x8", "train.samples=100000")
+    res = run(cfg, [rtx(i) for i in range(8)], free_fn=lambda p: 40 * 10**9)
+    (line,) = failed(res)["disk"]
+    # tiny target, bf16: 4 x 128 x 2 B + 8 B token id per token, 512 tokens x 100,000
+    hidden = 100_000 * 512 * (4 * 128 * 2 + 8)
+    assert line.startswith(f"need 53.8 GB free under {cfg.data_dir}/, have 40.0 GB"), line
+    assert f"hidden states {hidden / 1e9:.1f} GB upper bound" in line
+    assert res.metrics["disk"]["fits"] is False
+    assert res.metrics["disk"]["hidden_states_bytes"] == hidden
+    assert res.metrics["disk"]["bytes_per_token"] == 4 * 128 * 2
+
+
+def test_disk_estimate_failure_is_a_failed_check(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    cfg = cfg_for(tmp_path, "model=kimi_k25")
+    (line,) = failed(run(cfg, [], open_nvml=_no_driver))["disk"]
+    assert "pass model.path=DIR" in line
+
+
+# --------------------------------------------------------------------------- CPU mode
+
+
+def _no_driver():
+    raise NoGpuDriver("no NVIDIA driver: the NVML library was not found")
+
+
+def test_cpu_mode_passes_for_the_cpu_profile(tmp_path):
+    res = run_preflight(
+        cfg_for(tmp_path), env={}, open_nvml=_no_driver, free_fn=lambda p: PLENTY, versions=VERSIONS
+    )
+    assert res.passed and res.mode == "cpu" and res.inventory == {"mode": "cpu"}
+    assert [c.name for c in res.checks] == ["driver", "packages", "disk"]
+
+
+def test_cpu_mode_fails_when_the_profile_expects_gpus(tmp_path):
+    cfg = cfg_for(tmp_path, "hardware=rtx_pro_6000_x8")
+    res = run_preflight(
+        cfg, env={}, open_nvml=_no_driver, free_fn=lambda p: PLENTY, versions=VERSIONS
+    )
+    assert failed(res) == {
+        "driver": [
+            "no NVIDIA driver: the NVML library was not found, but hardware=rtx_pro_6000_x8 "
+            "expects 8 GPU(s): run on the GPU machine or pass hardware=cpu"
+        ]
+    }
+    assert res.inventory == {"mode": "cpu"}
+
+
+def test_cpu_profile_on_a_gpu_machine_runs_on_cpu(tmp_path):
+    busy = rtx(0, used=50_000, procs=(GpuProcess(1, "x", 50_000),))
+    res = run(cfg_for(tmp_path), [busy])
+    assert res.passed and res.inventory == {"mode": "cpu"}
+
+
+# --------------------------------------------------------------------------- the stage
+
+
+def _has_driver() -> bool:
+    try:
+        preflight.open_reader().close()
+    except NoGpuDriver:
+        return False
+    return True
+
+
+def test_stage_writes_outputs_and_exit_codes(tmp_path, monkeypatch):
+    if _has_driver():
+        pytest.skip("needs the driverless path (this machine has an NVIDIA driver)")
+    from eagle3_pipeline.stages.preflight import main
+
+    monkeypatch.chdir(tmp_path)
+    main(["--conf-dir", str(CONF)])  # cpu profile: passes
+    inv = json.loads((tmp_path / "data/preflight/inventory.json").read_text())
+    metrics = json.loads((tmp_path / "metrics/preflight.json").read_text())
+    assert inv == {"mode": "cpu"}
+    assert metrics["passed"] is True and metrics["checks"]["disk"]["passed"] is True
+    assert metrics["packages"]["torch"] is not None
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--conf-dir", str(CONF), "hardware=rtx_pro_6000_x8"])
+    assert exc.value.code == 1
+    assert json.loads((tmp_path / "metrics/preflight.json").read_text())["passed"] is False
+
+    main(["--conf-dir", str(CONF), "hardware=rtx_pro_6000_x8", "preflight.strict=false"])
+
+
+def test_stage_help():
+    out = subprocess.run(
+        [sys.executable, "-m", "eagle3_pipeline.stages.preflight", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "preflight" in out.stdout and "--params" in out.stdout
