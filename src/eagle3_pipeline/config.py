@@ -119,6 +119,23 @@ class HardwareConfig:
 
 
 @dataclass
+class RegenerateServerConfig:
+    """An OpenAI-compatible chat-completions server of the target that returns token ids
+    (``return_token_ids``, as vLLM does); used when ``data.regenerate_backend=server``."""
+
+    base_url: str = "http://127.0.0.1:8000/v1"
+    model: str | None = None  # served model name; null: the first one /v1/models lists
+    concurrency: int = 8
+    timeout_s: float = 300.0  # per request
+    retries: int = 3  # extra attempts on timeouts, connection errors, 408/409/425/429/5xx
+    temperature: float = 0.0  # 0 = greedy, what the draft is evaluated against
+    # Start `vllm serve <target>` for the run and always stop it afterwards (GPU profiles);
+    # false: use a server the user runs at base_url.
+    start: bool = False
+    startup_timeout_s: float = 1800.0
+
+
+@dataclass
 class DataConfig:
     """Where conversations come from and how they become training rows."""
 
@@ -130,7 +147,12 @@ class DataConfig:
     heldout_size: int = 16
     max_seq_len: int = 512
     on_error: str = "skip"  # skip | fail
-    regenerate: bool = False
+    # On-policy data: replace every assistant turn by the target's own greedy answer.
+    regenerate: bool = True
+    regenerate_backend: str = "hf"  # hf (in-process) | server (OpenAI-compatible)
+    max_new_tokens: int = 96  # per regenerated assistant turn
+    generate_batch_size: int = 32  # hf backend
+    server: RegenerateServerConfig = field(default_factory=RegenerateServerConfig)
     reasoning: str = "keep"  # keep | drop
     license: str = "PSF-2.0"
 
@@ -149,15 +171,65 @@ class TargetStageConfig:
 
 @dataclass
 class PreflightConfig:
+    # false: failed checks are printed as warnings and the stage exits 0
     strict: bool = True
+    # free space kept beyond the estimated hidden states + checkpoint
     min_free_disk_gb: float = 1.0
+    # where free disk is measured; null: data_dir (where the hidden states are written)
+    disk_path: str | None = None
+
+
+@dataclass
+class ExtractVllmConfig:
+    """The ``vllm`` extraction backend: a local ``vllm serve`` driven by speculators'
+    offline generation client (parallel sizes come from ``hardware.serving``)."""
+
+    port: int = 8000
+    startup_timeout_s: float = 1800.0  # a 1T target takes many minutes to load
+    shutdown_timeout_s: float = 60.0
+    concurrency: int = 32  # requests in flight from speculators' client
+    enforce_eager: bool = False
+    log_file: str = "logs/extract_vllm_server.log"
+    extra_args: list[str] = field(default_factory=list)  # appended to `vllm serve`
 
 
 @dataclass
 class ExtractConfig:
+    """The ``extract`` stage: target hidden states in speculators' file format."""
+
     backend: str = "hf"  # hf | vllm
-    dtype: str = "bfloat16"
+    dtype: str = "bfloat16"  # of the written hidden states
+    # Padding-aware token budget of one hf batch: rows x longest row <= batch_tokens.
     batch_tokens: int = 4096
+    # Rows are sorted by length within consecutive segments of this many rows, so the
+    # batch plan of the first N rows does not change when rows are appended.
+    plan_rows: int = 256
+    # Split one extraction over processes: this process does batches j % world_size == rank.
+    rank: int = 0
+    world_size: int = 1
+    writer_queue: int = 2  # batches computed ahead of the writer (bounds memory)
+    fsync: bool = True  # fsync each file before its rename (crash safety)
+    # Existing files from another target/revision/layer set/dtype: refuse | restart
+    on_mismatch: str = "restart"
+    # Test-only fault: die (hard exit) after this many batches, mid-way through the next.
+    fail_after: int | None = None
+    vllm: ExtractVllmConfig = field(default_factory=ExtractVllmConfig)
+
+
+@dataclass
+class DraftShapeConfig:
+    """The draft's decoder shape; null = derived from the target (see draft.py's rules)."""
+
+    layer_type: str = "llama"  # llama | qwen3 (what vLLM serves)
+    num_layers: int = 1
+    # Must be null or the target's hidden size (speculators and vLLM require it).
+    hidden_size: int | None = None
+    num_attention_heads: int | None = None
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    intermediate_size: int | None = None
+    # vLLM defaults it to True, speculators to False: trained with and written explicitly.
+    norm_before_residual: bool = True
 
 
 @dataclass
@@ -166,8 +238,47 @@ class TrainConfig:
     samples: int = 240
     epochs: int = 10
     lr: float = 1.0e-3
-    speculative_tokens: int = 3
+    speculative_tokens: int = 3  # TTT steps the draft is unrolled over (>= 1)
     draft_vocab_size: int = 1024
+    draft: DraftShapeConfig = field(default_factory=DraftShapeConfig)
+    scheduler: str = "cosine"  # cosine | linear | none
+    warmup_ratio: float = 0.05
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0  # max grad norm; 0 = off
+    tokens_per_step: int = 2048  # packed tokens per optimizer step (per GPU)
+    ttt_step_loss_decay: float = 1.0
+    loss: str = "kl_div"  # any speculators loss name
+    # Uniform noise U(-a/2, a/2) added to the input hidden states, training only (EAGLE).
+    hidden_noise: float = 0.05
+    val_fraction: float = 0.1  # the last rows of the prepared dataset
+    checkpoint_every_steps: int = 50  # resumable state, also written at each epoch's end
+    # Overrides of the hardware profile; null = chosen from hardware.device.
+    device: str | None = None  # cpu | cuda
+    dtype: str | None = None  # float32 | bfloat16 (null: hardware.train_dtype)
+    attn_implementation: str | None = None  # sdpa | eager | simple_flex_attention
+    loss_implementation: str | None = None  # eager | fused (null: fused on CUDA)
+    max_steps: int | None = None  # stop early (benchmarks, smoke tests)
+    # Test-only fault: exit with an error after this many optimizer steps of this run.
+    fail_after_steps: int | None = None
+
+
+@dataclass
+class ValidateConfig:
+    """The ``validate`` stage: checkpoint rules, GPU release, acceptance length."""
+
+    max_new_tokens: int = 64  # per held-out prompt, the same for every draft compared
+    num_prompts: int | None = None  # null: every held-out prompt
+    k: int | None = None  # draft tokens per step; null: the checkpoint's speculative_tokens
+    device: str | None = None  # cpu | cuda; null: hardware.device
+    dtype: str | None = None  # null: float32 on cpu, model.dtype on cuda
+    # In float32 a divergence from plain greedy decoding is a bug: fail the stage.
+    require_lossless: bool = True
+    vllm: bool = False  # also serve target + draft with vLLM and read its counters (GPU)
+    vllm_port: int = 8011
+    vllm_startup_timeout_s: float = 1800.0
+    vllm_concurrency: int = 8
+    vllm_log_file: str = "logs/validate_vllm_server.log"
+    vllm_extra_args: list[str] = field(default_factory=list)  # appended to `vllm serve`
 
 
 @dataclass
@@ -184,6 +295,7 @@ class Config:
     preflight: PreflightConfig = field(default_factory=PreflightConfig)
     extract: ExtractConfig = field(default_factory=ExtractConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    validate: ValidateConfig = field(default_factory=ValidateConfig)
 
 
 _CHOICES: dict[str, tuple[str, ...]] = {
@@ -197,6 +309,8 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "extract.dtype": ("bfloat16", "float16", "float32"),
     "model.dtype": ("bfloat16", "float16", "float32"),
     "hardware.train_dtype": ("bfloat16", "float16", "float32"),
+    "data.regenerate_backend": ("hf", "server"),
+    "extract.on_mismatch": ("refuse", "restart"),
 }
 
 

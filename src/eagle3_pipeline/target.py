@@ -332,7 +332,7 @@ def describe_config(
         tie_word_embeddings=tied,
         weight_prefix=weight_prefix(names),
         quantization=(quant or {}).get("quant_method") if isinstance(quant, dict) else None,
-        torch_dtype=str(_first(text, "dtype", "torch_dtype", default=config.get("torch_dtype"))),
+        torch_dtype=_first(text, "dtype", "torch_dtype", default=config.get("torch_dtype")),
         max_position_embeddings=_first(text, "max_position_embeddings"),
         rms_norm_eps=float(_first(text, "rms_norm_eps", "layer_norm_epsilon", default=1e-6)),
         hub_id=model.hub_id,

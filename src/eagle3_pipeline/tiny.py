@@ -331,7 +331,7 @@ def save_target(model: Any, tokenizer: Any, out_dir: Path, max_shard_size: str) 
 
 def load_target_model(model_dir: Path, dtype: str = "float32") -> Any:
     import torch
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoConfig
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     cfg = AutoConfig.from_pretrained(model_dir)
     cls = AutoModelForImageTextToText if cfg.model_type == "kimi_k25" else AutoModelForCausalLM

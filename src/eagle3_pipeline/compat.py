@@ -1,0 +1,167 @@
+"""Every workaround of speculators (0.9) internals lives in this module, and only here.
+
+Why one module: speculators is young and its internals move between releases. Code
+elsewhere in the pipeline calls the functions below instead of reaching into
+speculators' private attributes, so when speculators changes there is exactly one place
+to fix, and ``tests/test_compat.py`` fails loudly, naming the internal that moved.
+
+Nothing here is imported at module import time from speculators: ``import speculators``
+costs about 7 s, and stages that never touch a draft model must not pay for it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def load_draft(
+    draft_dir: str | Path,
+    verifier_dir: str | Path,
+    attn_implementation: str = "sdpa",
+    device: str = "cpu",
+) -> Any:
+    """Reload a saved EAGLE-3 draft with speculators' own code: the project's ONE reload path.
+
+    Two speculators internals make a plain ``Eagle3DraftModel.from_pretrained(draft_dir)``
+    unusable here:
+
+    - It resolves the verifier through ``speculators_config.verifier.name_or_path`` (the aux
+      layer ids against the verifier's config, and the verifier's embeddings / lm_head /
+      final norm from its weights). A published draft carries the target's hub id there,
+      which cannot be resolved offline; so the config is loaded first and that field is
+      pointed at the local target directory for the reload only. The returned model's
+      config carries the published id again, so saving it never leaks a local path.
+    - ``Eagle3DraftModel.__init__`` silently picks ``simple_flex_attention`` when
+      ``transformer_layer_config._attn_implementation`` is unset (it is not saved), and
+      flex attention has no CPU backward. So the implementation is set on the config
+      before the model is constructed.
+
+    Returns the model in eval mode on ``device``, in the dtype it was saved in.
+    """
+    from speculators import SpeculatorModelConfig
+    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+
+    draft_dir = Path(draft_dir)
+    verifier_dir = Path(verifier_dir)
+    if not (verifier_dir / "config.json").is_file():
+        raise FileNotFoundError(f"{verifier_dir}: no config.json (need the local target directory)")
+    config = SpeculatorModelConfig.from_pretrained(str(draft_dir))
+    if not isinstance(config, Eagle3SpeculatorConfig):
+        raise TypeError(
+            f"{draft_dir}/config.json: speculators reads it as {type(config).__name__}, "
+            "not an EAGLE-3 config"
+        )
+    verifier = config.speculators_config.verifier
+    published_id = verifier.name_or_path
+    verifier.name_or_path = str(verifier_dir)
+    config.transformer_layer_config._attn_implementation = attn_implementation
+    model = Eagle3DraftModel.from_pretrained(str(draft_dir), config=config)
+    model.config.speculators_config.verifier.name_or_path = published_id
+    return model.to(device).eval()
+
+
+# --------------------------------------------------------------------------- training data
+
+
+_STRICT_DATASET_CLASS: Any = None
+
+
+def strict_hidden_states_dataset(
+    prepared_dir: str | Path,
+    hidden_states_dir: str | Path,
+    split: str,
+    train_ratio: float,
+    max_len: int,
+    hidden_states_dtype: Any,
+) -> Any:
+    """speculators' ``ArrowDataset`` over prepare's rows and extract's ``hs_{i}`` files, with
+    its silent fallbacks turned into errors.
+
+    Two loader traps (DESIGN.md section 3): ``on_missing`` defaults to ``"generate"``
+    (a vLLM server on localhost), so it is forced to ``"raise"``; and a file whose
+    ``token_ids`` differ from the row comes back as ``SampleUnavailable`` with only a
+    warning, and the collate function then drops it or trains on an empty placeholder.
+    Here such a row raises ``ValueError`` naming the row and its file.
+    """
+    global _STRICT_DATASET_CLASS
+    from hs_connectors import FileTransfer
+    from speculators.train.data import ArrowDataset
+    from speculators.train.recovery import SampleUnavailable
+
+    if _STRICT_DATASET_CLASS is None:
+
+        class StrictArrowDataset(ArrowDataset):
+            def __getitem__(self, index: int) -> Any:
+                item = super().__getitem__(index)
+                if isinstance(item, SampleUnavailable):
+                    row = self._map_to_file_idx(index)
+                    path = self.transfer.hidden_states_path / f"hs_{row}.safetensors"
+                    raise ValueError(
+                        f"{path}: unusable for prepared row {row} "
+                        f"({getattr(item, 'reason', None) or 'token ids differ from the row'})"
+                    )
+                return item
+
+        _STRICT_DATASET_CLASS = StrictArrowDataset
+
+    return _STRICT_DATASET_CLASS(
+        max_len=max_len,
+        datapath=str(prepared_dir),
+        transfer=FileTransfer(Path(hidden_states_dir)),
+        on_missing="raise",
+        train_ratio=train_ratio,
+        split=split,  # type: ignore[arg-type]
+        hidden_states_dtype=hidden_states_dtype,
+    )
+
+
+# --------------------------------------------------------------------------- stock Trainer on CPU
+
+
+def speculators_trainer(
+    model: Any, trainer_config: Any, train_loader: Any, val_loader: Any = None,
+    device: str = "cpu",
+) -> Any:
+    """speculators' own ``Trainer`` on ``device``, CPU included (used by bench/train.py).
+
+    As shipped it assumes an accelerator: ``setup_model`` and every batch transfer use
+    ``get_local_rank()`` (device 0, i.e. ``cuda:0``), the step timer calls
+    ``torch.accelerator.synchronize()`` (raises without a driver) and autocast uses the
+    accelerator's type. The patches: the local rank is replaced by ``device`` for
+    construction and afterwards, autocast gets ``device``'s type, and the step timer
+    skips the synchronize when no accelerator is available. The training step itself
+    (forward, backward, clip, optimizer, scheduler) is speculators' code unchanged.
+    """
+    import torch
+    from speculators.train import trainer as trainer_mod
+
+    if not torch.accelerator.is_available() and not getattr(
+        trainer_mod._StepTimer, "_eagle3_cpu_patch", False
+    ):
+
+        class _CpuStepTimer(trainer_mod._StepTimer):
+            _eagle3_cpu_patch = True
+
+            def mark(self, name: str) -> None:
+                if self.enabled:
+                    import time
+
+                    self._marks[name] = time.perf_counter()
+
+            def now(self) -> float | None:
+                import time
+
+                return time.perf_counter() if self.enabled else None
+
+        trainer_mod._StepTimer = _CpuStepTimer  # type: ignore[misc]
+
+    original = trainer_mod.get_local_rank
+    trainer_mod.get_local_rank = lambda: device  # type: ignore[assignment]
+    try:
+        trainer = trainer_mod.Trainer(model, trainer_config, train_loader, val_loader)
+    finally:
+        trainer_mod.get_local_rank = original
+    trainer.local_rank = device
+    trainer.device_type = torch.device(device).type
+    return trainer

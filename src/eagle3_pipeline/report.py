@@ -1,0 +1,212 @@
+"""The validate stage's human-readable outputs: a Markdown report, a per-position
+acceptance plot (static PNG: ``dvc plots show`` needs a CDN, a PNG opens anywhere) and a
+model card (README.md) to publish next to the draft.
+
+Why a model card generated here: the facts a user of a published draft needs (which
+target and revision, which layers, what K, what acceptance length measured how, what data
+under which licence, which package versions and seeds) are all known to the pipeline at
+this point and nowhere else; written by hand they go stale.
+"""
+
+from __future__ import annotations
+
+import io
+from importlib import metadata
+from typing import Any
+
+PACKAGES = ("eagle3-pipeline", "speculators", "torch", "transformers", "vllm", "dvc")
+
+
+def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for name in names:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def acceptance_png(acc: dict[str, Any], title: str) -> bytes:
+    """Per-position acceptance rates (and conditional rates) as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    k = acc["k"]
+    pos = list(range(1, k + 1))
+    rate = [r if r is not None else 0.0 for r in acc["per_position_rate"]]
+    cond = [r if r is not None else 0.0 for r in acc["per_position_conditional"]]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    width = 0.4
+    ax.bar([p - width / 2 for p in pos], rate, width, label="accepted / steps")
+    ax.bar([p + width / 2 for p in pos], cond, width,
+           label="accepted / steps reaching position")
+    ax.set_xticks(pos)
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("acceptance rate")
+    ax.set_ylim(0, 1)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _acceptance_table(acc: dict[str, Any]) -> list[str]:
+    lines = ["| position | accepted | rate (of steps) | conditional rate |",
+             "|---:|---:|---:|---:|"]
+    for i in range(acc["k"]):
+        lines.append(f"| {i + 1} | {acc['accepted_per_pos'][i]} | "
+                     f"{_fmt(acc['per_position_rate'][i])} | "
+                     f"{_fmt(acc['per_position_conditional'][i])} |")
+    return lines
+
+
+def gpu_lines(gpu: dict[str, Any] | None) -> list[str]:
+    if not gpu:
+        return ["- GPU memory after training: unknown (metrics/train.json has no reading)"]
+    if gpu.get("mode") == "not applicable":
+        return [f"- GPU memory after training: not applicable ({gpu.get('reason', 'CPU')})"]
+    if gpu.get("clean"):
+        base = "compared with preflight" if gpu.get("compared_with_preflight") else (
+            "no preflight reading to compare with")
+        return [f"- GPU memory after training: released, no pipeline process left ({base})"]
+    return ["- GPU memory after training: NOT released:",
+            *[f"  - {p}" for p in gpu.get("problems", [])]]
+
+
+def markdown_report(m: dict[str, Any]) -> str:
+    acc = m["acceptance"]
+    ck = m["checkpoint"]
+    lines = [
+        "# EAGLE-3 draft validation",
+        "",
+        f"Draft `{m['draft_dir']}` for target `{m['target']['id']}`"
+        + (f" (revision `{m['target']['revision']}`)" if m["target"].get("revision") else ""),
+        "",
+        "## Verdicts",
+        "",
+        f"- Checkpoint (vLLM + speculators loading rules): "
+        f"**{'PASS' if ck['ok'] else 'FAIL'}**, {ck['errors']} error(s), "
+        f"{ck['warnings']} warning(s)",
+        *gpu_lines(m.get("gpu")),
+        f"- Lossless (speculative output == plain greedy): "
+        f"**{_fmt(acc['lossless'])}** ({acc['lossless_prompts']}/{acc['prompts']} prompts, "
+        f"{m['dtype']} on {m['device']})",
+    ]
+    for d in acc.get("divergences", [])[:10]:
+        lines.append(f"  - prompt {d['prompt']}: first divergence at token {d['position']}, "
+                     f"target top-2 logit margin {_fmt(d['top2_margin'], 4)}")
+    lines += [
+        "",
+        "## Acceptance length",
+        "",
+        f"**{_fmt(acc['acceptance_length'])} tokens per target step** at K={acc['k']} "
+        f"(chained greedy speculative decoding, {acc['prompts']} held-out prompts, "
+        f"at most {acc['max_new_tokens']} new tokens each, {acc['tokens']} tokens generated, "
+        f"{acc['steps']} verification forwards; the prefill is excluded). vLLM-style "
+        f"1 + accepted/drafts: {_fmt(acc['vllm_style_acceptance_length'])}.",
+        "",
+        *_acceptance_table(acc),
+        "",
+        "![per-position acceptance](acceptance.png)",
+    ]
+    v = m.get("vllm")
+    if v:
+        lines += ["", "## vLLM", ""]
+        if v.get("error"):
+            lines.append(f"vLLM measurement failed: {v['error']}")
+        else:
+            lines += [
+                f"Mean acceptance length reported by vLLM: "
+                f"**{_fmt(v.get('mean_acceptance_length'))}** "
+                f"({v.get('num_drafts')} drafts, {v.get('num_accepted_tokens')} accepted "
+                f"tokens, per position {v.get('per_position_rate')}).",
+                "", f"Command: `{v.get('command')}`",
+            ]
+    if ck.get("serve_command"):
+        lines += ["", "## Serve it", "", f"```\n{ck['serve_command']}\n```"]
+    if ck.get("findings"):
+        lines += ["", "## Checkpoint findings", "", "```", *ck["findings"], "```"]
+    return "\n".join(lines) + "\n"
+
+
+def model_card(m: dict[str, Any]) -> str:
+    """README.md for publishing the draft (Hugging Face model-card front matter)."""
+    acc = m["acceptance"]
+    t = m["target"]
+    data = m["data"]
+    train = m.get("train") or {}
+    versions = m["versions"]
+    front = ["---", "library_name: speculators", "tags:", "- speculative-decoding",
+             "- eagle3", *([f"base_model: {t['hub_id']}"] if t.get("hub_id") else []),
+             "---", ""]
+    lines = [
+        f"# EAGLE-3 draft for {t['id']}",
+        "",
+        "A speculative-decoding draft (EAGLE-3, trained with "
+        f"[speculators](https://github.com/vllm-project/speculators) "
+        f"{versions.get('speculators') or ''}) for the target model `{t['id']}`"
+        + (f" at revision `{t['revision']}`." if t.get("revision") else
+           " (no pinned revision: a locally built target)."),
+        "",
+        "## Use with vLLM",
+        "",
+        "```",
+        m["checkpoint"].get("serve_command") or "vllm serve TARGET --speculative-config "
+        f"'{{\"method\":\"eagle3\",\"model\":\"DRAFT\",\"num_speculative_tokens\":{acc['k']}}}'",
+        "```",
+        "",
+        "## Draft",
+        "",
+        f"- Target architecture (vLLM name): `{t.get('vllm_architecture')}`",
+        f"- Aux hidden-state layers of the target: {t.get('aux_layer_ids')}",
+        f"- Draft tokens per step (K): {acc['k']}",
+        f"- Draft shape: {train.get('draft_shape', 'see config.json')}",
+        f"- Draft vocabulary: {train.get('draft_vocab_size', 'see config.json')}",
+        "",
+        "## Acceptance length",
+        "",
+        f"**{_fmt(acc['acceptance_length'])}** tokens per target forward at K={acc['k']}, "
+        f"measured by chained greedy speculative decoding against the target on "
+        f"{acc['prompts']} held-out prompts never trained on (at most "
+        f"{acc['max_new_tokens']} new tokens each, {acc['tokens']} tokens, {acc['steps']} "
+        f"verification forwards, prefill excluded; {m['dtype']} on {m['device']}). "
+        f"Per-position acceptance rates: "
+        f"{[_fmt(r) for r in acc['per_position_rate']]}. "
+        f"Output identical to the target's greedy decoding: {_fmt(acc['lossless'])}.",
+    ]
+    v = m.get("vllm")
+    if v and not v.get("error"):
+        lines.append(f"vLLM's own counters (1 + accepted/drafts) gave "
+                     f"{_fmt(v.get('mean_acceptance_length'))}.")
+    lines += [
+        "",
+        "## Training data",
+        "",
+        f"- Source: {data.get('source')}" + (f" ({data['path']})" if data.get("path") else ""),
+        f"- Licence: {data.get('license')}",
+        f"- Conversations: {train.get('train_rows', 'see metrics/train.json')} training rows; "
+        f"assistant turns regenerated by the target: {data.get('regenerate')}",
+        "",
+        "## Reproducibility",
+        "",
+        f"- Seed: {m['seed']}",
+        *[f"- {name}: {ver}" for name, ver in versions.items() if ver],
+        "",
+        "Trained and validated by the eagle3-pipeline DVC graph "
+        "(preflight -> target -> prepare -> extract -> train -> validate).",
+    ]
+    return "\n".join(front + lines) + "\n"

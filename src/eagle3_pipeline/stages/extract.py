@@ -1,0 +1,41 @@
+"""Stage `extract`: the target's hidden states for every prepared row, in speculators'
+file format (data/hidden_states/hs_{i}.safetensors + manifest.json), with the `hf`
+backend (transformers, CPU or GPU) or the `vllm` backend (a vLLM server, GPU)."""
+
+from __future__ import annotations
+
+import logging
+
+from ..config import Config
+from ..io import atomic_write_json
+from ..runner import metrics_path, run_stage
+
+log = logging.getLogger(__name__)
+
+
+def run(cfg: Config) -> None:
+    if cfg.extract.backend == "vllm":
+        from ..vllm_extract import extract_vllm
+
+        metrics = extract_vllm(cfg)
+    else:
+        from ..hidden_states import extract_hf
+
+        metrics = extract_hf(cfg)
+    name = "extract" if cfg.extract.world_size == 1 else f"extract.rank{cfg.extract.rank}"
+    atomic_write_json(metrics_path(cfg, name), metrics)
+    log.info(
+        "extract (%s): %d samples, %d written, %d reused; %.0f tokens/s; %.1f MB written "
+        "(%.0f B/token); layers %s",
+        metrics["backend"], metrics["samples"], metrics["samples_written"],
+        metrics["samples_reused"], metrics["tokens_per_s"], metrics["bytes_written"] / 1e6,
+        metrics["bytes_per_token"], metrics["aux_layer_ids"],
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_stage("extract", __doc__ or "", run, argv)
+
+
+if __name__ == "__main__":
+    main()

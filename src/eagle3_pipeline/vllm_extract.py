@@ -1,0 +1,375 @@
+"""The ``vllm`` extraction backend: the right one for a target that needs a GPU server
+(Kimi-K2.5 on 8x RTX PRO 6000).
+
+vLLM's ``extract_hidden_states`` speculative method stores, for each prompt, the residual
+stream entering each listed layer; layer id ``num_layers`` is the final hidden state
+before the final norm (speculators' ``launch_vllm.py`` appends it the same way). The
+``ExampleHiddenStatesConnector`` writes one safetensors file per request (``hidden_states``
+``[seq, n_layers, hidden]`` + ``token_ids``) under ``shared_storage_path``; speculators'
+``generate-offline-data`` client sends every prepared row and moves each file to
+``hs_{i}.safetensors``. We then validate every file against its row and convert it to
+``extract.dtype``, so both backends write the same format under the same manifest.
+
+Only command construction, the server lifecycle and the file validation run without a
+GPU; the rest is exercised on a GPU machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from .config import Config, ServingConfig
+from .hidden_states import (
+    Extraction,
+    Rows,
+    Timings,
+    _cleanup_if_empty,
+    begin,
+    bytes_needed,
+    check_disk,
+    hs_path,
+    peak_rss_bytes,
+    save_hidden_states,
+    write_manifest,
+)
+from .runner import StageError
+from .target import TargetSpec
+
+log = logging.getLogger(__name__)
+
+CONNECTOR = "ExampleHiddenStatesConnector"
+STAGING = ".vllm_staging"  # inside the output dir: same filesystem, so moves are renames
+
+
+def vllm_layer_ids(spec: TargetSpec) -> list[int]:
+    """The aux ids, then ``num_layers`` (= the final state before the norm)."""
+    return [*spec.aux_layer_ids, spec.num_layers]
+
+
+def speculative_config(spec: TargetSpec) -> dict[str, Any]:
+    return {
+        "method": "extract_hidden_states",
+        "num_speculative_tokens": 1,
+        "draft_model_config": {
+            "hf_config": {"eagle_aux_hidden_state_layer_ids": vllm_layer_ids(spec)}
+        },
+    }
+
+
+def kv_transfer_config(staging: Path) -> dict[str, Any]:
+    """vLLM's file connector (as speculators' ``FileBackend`` builds it); the lock file it
+    holds while writing is what the client waits on before moving a file."""
+    return {
+        "kv_connector": CONNECTOR,
+        "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"shared_storage_path": str(staging)},
+    }
+
+
+def parallel_args(serving: ServingConfig) -> list[str]:
+    args = [
+        "--tensor-parallel-size", str(serving.tensor_parallel_size),
+        "--pipeline-parallel-size", str(serving.pipeline_parallel_size),
+        "--data-parallel-size", str(serving.data_parallel_size),
+    ]
+    if serving.enable_expert_parallel:
+        args.append("--enable-expert-parallel")
+    return args
+
+
+def serve_command(cfg: Config, spec: TargetSpec, model_dir: Path, staging: Path) -> list[str]:
+    """The ``vllm serve`` command line (through this interpreter, so the venv's vLLM)."""
+    s = cfg.hardware.serving
+    v = cfg.extract.vllm
+    cmd = [
+        sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(model_dir),
+        "--host", "127.0.0.1",
+        "--port", str(v.port),
+        "--served-model-name", spec.name,
+        "--speculative-config", json.dumps(speculative_config(spec), separators=(",", ":")),
+        "--kv-transfer-config", json.dumps(kv_transfer_config(staging), separators=(",", ":")),
+        *parallel_args(s),
+        "--gpu-memory-utilization", str(s.gpu_memory_utilization),
+        "--max-model-len", str(s.max_model_len),
+        "--no-enable-prefix-caching",  # every prompt must be computed (and its states kept)
+    ]
+    if spec.quantization is None:
+        cmd += ["--dtype", cfg.model.dtype]
+    if spec.trust_remote_code:
+        cmd.append("--trust-remote-code")
+    if v.enforce_eager:
+        cmd.append("--enforce-eager")
+    return [*cmd, *v.extra_args]
+
+
+def client_command(cfg: Config, spec: TargetSpec, prepared: Path, out: Path) -> list[str]:
+    """speculators' offline generation client over the prepared rows. It skips rows whose
+    file exists (so a rerun resumes) and checks the served model is ``--model``."""
+    e = cfg.extract
+    return [
+        sys.executable, "-m", "speculators", "generate-offline-data",
+        "--endpoint", f"http://127.0.0.1:{e.vllm.port}/v1",
+        "--model", spec.name,
+        "--preprocessed-data", str(prepared),
+        "--output", str(out),
+        "--concurrency", str(e.vllm.concurrency),
+        "--validate-outputs",
+        "--fail-on-error",
+        "--world-size", str(e.world_size),
+        "--rank", str(e.rank),
+    ]
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def _raise_on_sigterm(signum: int, _frame: FrameType | None) -> None:
+    raise _Interrupted(f"signal {signum}")
+
+
+class VllmServer:
+    """A ``vllm serve`` process that is always shut down: on normal exit, on an error, on
+    Ctrl-C and on SIGTERM (DVC or a scheduler stopping the stage), so GPU memory is freed.
+
+    It runs in its own process group; shutdown sends SIGTERM to the group, waits, then
+    SIGKILLs it (vLLM's engine and TP workers are children of the API process)."""
+
+    def __init__(
+        self,
+        cmd: Sequence[str],
+        port: int,
+        log_file: Path,
+        startup_timeout_s: float,
+        shutdown_timeout_s: float,
+        health_path: str = "/health",
+    ) -> None:
+        self.cmd = list(cmd)
+        self.url = f"http://127.0.0.1:{port}"
+        self.health_url = self.url + health_path
+        self.log_file = Path(log_file)
+        self.startup_timeout_s = startup_timeout_s
+        self.shutdown_timeout_s = shutdown_timeout_s
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._old_sigterm: Any = None
+
+    def __enter__(self) -> VllmServer:
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        self._old_sigterm = signal.signal(signal.SIGTERM, _raise_on_sigterm)
+        try:
+            with open(self.log_file, "ab") as logfh:
+                self.proc = subprocess.Popen(
+                    self.cmd, stdout=logfh, stderr=subprocess.STDOUT, start_new_session=True
+                )
+            self.wait_healthy()
+        except BaseException:
+            self.shutdown()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def log_tail(self, n: int = 20) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-n:])
+        return ""
+
+    def wait_healthy(self) -> None:
+        assert self.proc is not None
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            rc = self.proc.poll()
+            if rc is not None:
+                raise StageError(
+                    f"vllm serve exited with {rc} before becoming healthy (log {self.log_file}):\n"
+                    f"{self.log_tail()}"
+                )
+            with contextlib.suppress(urllib.error.URLError, OSError):
+                with urllib.request.urlopen(self.health_url, timeout=5) as resp:
+                    if resp.status == 200:
+                        return
+            time.sleep(1.0)
+        raise StageError(
+            f"vllm serve not healthy after {self.startup_timeout_s:.0f}s "
+            f"(extract.vllm.startup_timeout_s; log {self.log_file})"
+        )
+
+    def shutdown(self) -> None:
+        proc, self.proc = self.proc, None
+        try:
+            if proc is not None and proc.poll() is None:
+                _kill_group(proc, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=self.shutdown_timeout_s)
+                except subprocess.TimeoutExpired:
+                    log.warning("vllm serve ignored SIGTERM for %.0fs: killing",
+                                self.shutdown_timeout_s)
+                    _kill_group(proc, signal.SIGKILL)
+                    proc.wait()
+            if proc is not None:  # stray workers of the group, even if the leader exited
+                _kill_group(proc, signal.SIGKILL)
+        finally:
+            if self._old_sigterm is not None:
+                signal.signal(signal.SIGTERM, self._old_sigterm)
+                self._old_sigterm = None
+
+
+def _kill_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+@contextlib.contextmanager
+def _child(cmd: Sequence[str]) -> Iterator[subprocess.Popen[bytes]]:
+    """A child process that is terminated if we leave early (error or Ctrl-C)."""
+    proc = subprocess.Popen(list(cmd), start_new_session=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            _kill_group(proc, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                _kill_group(proc, signal.SIGKILL)
+                proc.wait()
+
+
+# --------------------------------------------------------------------------- files
+
+
+def validate_and_convert(
+    rows: Rows, out: Path, indices: Sequence[int], n_layers: int, hidden: int, dtype: str,
+    fsync: bool = True, timings: Timings | None = None,
+) -> int:
+    """Check each file the server wrote against its row (keys, token ids, shape, finite
+    values) and rewrite it in ``dtype`` when it differs. A bad file is deleted and named:
+    speculators' loader would otherwise drop that sample with only a warning."""
+    import numpy as np
+    import torch
+    from safetensors.torch import load_file
+
+    want = getattr(torch, dtype)
+    converted = 0
+    for i in indices:
+        path = hs_path(out, i)
+        problem = None
+        try:
+            data = load_file(str(path))
+        except FileNotFoundError:
+            raise StageError(f"{path}: missing after vLLM extraction (row {i})") from None
+        except Exception as exc:
+            data, problem = {}, f"unreadable ({exc})"
+        if problem is None:
+            tok, hs = data.get("token_ids"), data.get("hidden_states")
+            if tok is None or hs is None:
+                problem = f"keys {sorted(data)}, expected token_ids and hidden_states"
+            elif not np.array_equal(tok.numpy(), rows.input_ids([i])[0]):
+                problem = "token_ids differ from the row's input_ids"
+            elif list(hs.shape) != [rows.lengths[i], n_layers, hidden]:
+                problem = f"hidden_states shape {list(hs.shape)} != {[rows.lengths[i], n_layers, hidden]}"
+            elif not bool(torch.isfinite(hs).all()):
+                problem = "non-finite hidden states"
+        if problem is not None:
+            path.unlink(missing_ok=True)
+            raise StageError(f"{path}: {problem} (row {i}); the file was removed")
+        if hs.dtype != want or tok.dtype != torch.int64:
+            save_hidden_states(path, tok.to(torch.int64), hs.to(want), fsync, timings)
+            converted += 1
+    return converted
+
+
+def extract_vllm(cfg: Config) -> dict[str, Any]:
+    """Serve the target with the extract-hidden-states config, drive speculators' client
+    over the prepared rows, validate the files, always shut the server down."""
+    t0 = time.perf_counter()
+    ex: Extraction = begin(cfg, "vllm")
+    spec, rows, out = ex.spec, ex.rows, ex.out
+    n_layers = len(spec.aux_layer_ids) + 1
+    longest = max(rows.lengths)
+    if longest + 1 > cfg.hardware.serving.max_model_len:
+        raise StageError(
+            f"{rows.path}: a row of {longest} tokens does not fit "
+            f"hardware.serving.max_model_len={cfg.hardware.serving.max_model_len} (+1 generated)"
+        )
+    mine = _rank_rows(len(rows), cfg.extract.rank, cfg.extract.world_size)
+    todo = [i for i in mine if i not in ex.reusable]
+    wrote_manifest = False
+    timings = Timings()
+    try:
+        check_disk(out, bytes_needed(rows, todo, n_layers, spec.hidden_size, cfg.extract.dtype))
+        write_manifest(out, ex.key, rows, {"plan": {"vllm_layer_ids": vllm_layer_ids(spec)}})
+        wrote_manifest = True
+        staging = out / STAGING
+        gen_wall = 0.0
+        if todo:
+            staging.mkdir(exist_ok=True)
+            server = VllmServer(
+                serve_command(cfg, spec, ex.model_dir.resolve(), staging.resolve()),
+                cfg.extract.vllm.port, Path(cfg.extract.vllm.log_file),
+                cfg.extract.vllm.startup_timeout_s, cfg.extract.vllm.shutdown_timeout_s,
+            )
+            with server:
+                g0 = time.perf_counter()
+                with _child(client_command(cfg, spec, rows.path.resolve(), out.resolve())) as proc:
+                    rc = proc.wait()
+                gen_wall = time.perf_counter() - g0
+                if rc != 0:
+                    raise StageError(f"speculators generate-offline-data exited with {rc}")
+        converted = validate_and_convert(
+            rows, out, todo, n_layers, spec.hidden_size, cfg.extract.dtype,
+            cfg.extract.fsync, timings,
+        )
+        with contextlib.suppress(OSError):
+            staging.rmdir()
+    except BaseException:
+        _cleanup_if_empty(ex, wrote_manifest)
+        raise
+    tokens = sum(rows.lengths[i] for i in todo)
+    written = sum(hs_path(out, i).stat().st_size for i in todo)
+    return {
+        "backend": "vllm",
+        "hardware": cfg.hardware.name,
+        "target": spec.name,
+        "aux_layer_ids": list(spec.aux_layer_ids),
+        "vllm_layer_ids": vllm_layer_ids(spec),
+        "dtype": cfg.extract.dtype,
+        "rank": cfg.extract.rank,
+        "world_size": cfg.extract.world_size,
+        "samples": len(rows),
+        "tokens": rows.tokens,
+        "samples_written": len(todo),
+        "samples_reused": len(mine) - len(todo),
+        "samples_converted": converted,
+        "tokens_computed": tokens,
+        "tokens_per_s": tokens / gen_wall if gen_wall > 0 else 0.0,
+        "wall_s": time.perf_counter() - t0,
+        "bytes_written": written,
+        "bytes_per_token": written / tokens if tokens else 0.0,
+        "peak_rss_bytes": peak_rss_bytes(),
+        "tensor_parallel_size": cfg.hardware.serving.tensor_parallel_size,
+        "pipeline_parallel_size": cfg.hardware.serving.pipeline_parallel_size,
+        "enable_expert_parallel": cfg.hardware.serving.enable_expert_parallel,
+    }
+
+
+def _rank_rows(n: int, rank: int, world_size: int) -> list[int]:
+    """The rows speculators' client assigns to this rank (contiguous chunks, remainder to
+    the first ranks: ``get_indices_to_process``)."""
+    chunk, rem = divmod(n, world_size)
+    start = rank * chunk + min(rank, rem)
+    return list(range(start, start + chunk + (1 if rank < rem else 0)))

@@ -1,0 +1,225 @@
+"""Chained greedy speculative decoding against the tiny Kimi-K2.5 target.
+
+What is proven here: the decoding is lossless (identical to the target's plain greedy
+decoding, fp32 on CPU); an oracle draft scores K+1, a draft right only at its first
+position scores 2, an untrained draft about 1, and a briefly trained draft strictly more;
+and the draft's inference path reproduces speculators' own ``Eagle3DraftModel.forward``
+(its TTT unroll) token for token, so the figures measure the draft vLLM would serve.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from eagle3_pipeline.acceptance import (
+    OracleDraft,
+    Prompt,
+    SpeculatorsDraft,
+    Target,
+    load_prompts,
+    measure,
+    speculative_decode,
+)
+from eagle3_pipeline.config import ConfigError
+
+K = 3
+MAX_NEW = 24
+N_PROMPTS = 4
+
+
+@dataclasses.dataclass
+class Setup:
+    spec: Any
+    target: Target
+    prompts: list[Prompt]
+    train_seqs: list[list[int]]
+    stops: list[int]
+
+
+@pytest.fixture(scope="module")
+def single_thread():
+    """One intra-op thread: the tiny target's forwards are call-overhead bound, and on a
+    shared 2-core machine extra threads only add contention."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_target: Path, single_thread: None) -> Setup:
+    from transformers import AutoTokenizer
+
+    from eagle3_pipeline.corpus import builtin_conversations
+    from eagle3_pipeline.data import render_ids
+    from eagle3_pipeline.stages.validate import stop_token_ids
+    from eagle3_pipeline.target import load_target_spec
+
+    spec = load_target_spec(tiny_target / "data" / "target" / "target.json")
+    spec = dataclasses.replace(spec, path=str(tiny_target / spec.path))
+    tok = AutoTokenizer.from_pretrained(spec.path)
+    convs = builtin_conversations(0)
+    prompts = [Prompt(str(i), render_ids(tok, c["messages"][:1], generation_prompt=True))
+               for i, c in enumerate(convs[:N_PROMPTS])]
+    train = [render_ids(tok, c["messages"][:2], generation_prompt=False)[:256]
+             for c in convs[N_PROMPTS : N_PROMPTS + 60]]
+    target = Target.load(spec)
+    yield Setup(spec, target, prompts, train, stop_token_ids(spec.path))
+    target.close()
+
+
+def new_draft(s: Setup, seed: int = 0) -> Any:
+    from eagle3_pipeline.config import DraftShapeConfig
+    from eagle3_pipeline.draft import build_draft, build_vocab_mapping, resolve_draft_shape
+
+    torch.manual_seed(seed)
+    freq = Counter(t for seq in s.train_seqs for t in seq)
+    d2t, t2d = build_vocab_mapping(dict(freq), 1024, s.spec.vocab_size, s.stops)
+    shape = resolve_draft_shape(DraftShapeConfig(), s.spec)
+    return build_draft(s.spec, shape, K, 1024, d2t, t2d, s.spec.path, "sdpa")
+
+
+@pytest.fixture(scope="module")
+def untrained(setup: Setup) -> Any:
+    return new_draft(setup)
+
+
+@pytest.fixture(scope="module")
+def trained(setup: Setup) -> Any:
+    """A draft trained for 120 steps with speculators' own forward + loss on the target's
+    hidden states of corpus conversations (the extract stage's layout, shifted as
+    ``shift_batch`` does)."""
+    from speculators.losses import resolve_loss_config
+
+    model = new_draft(setup)
+    samples = []
+    for seq in setup.train_seqs:
+        _, st = setup.target.states(seq)
+        samples.append((st[:-1, :-1].flatten(1), torch.tensor(seq[1:]), st[1:, -1]))
+    model.train()
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-3)
+    loss_config = resolve_loss_config("kl_div", "eager")
+    rng = random.Random(0)
+    for _ in range(120):
+        h, ids, last = samples[rng.randrange(len(samples))]
+        n = ids.shape[0]
+        _, loss, _ = model(
+            hidden_states=h[None], input_ids=ids[None],
+            document_ids=torch.zeros(1, n, dtype=torch.long),
+            loss_mask=torch.ones(1, n, dtype=torch.long),
+            position_ids=torch.arange(1, n + 1)[None], verifier_last_hidden_states=last[None],
+            ttt_steps=K, loss_config=loss_config,
+        )
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.eval()
+
+
+def run(s: Setup, draft: Any) -> Any:
+    result, _ = measure(s.target, draft, s.prompts, K, MAX_NEW, s.stops)
+    return result
+
+
+class FirstOnly:
+    """Right at position 1 only: position 2 is one off the target's own greedy token."""
+
+    def __init__(self, target: Target, vocab: int) -> None:
+        self.oracle = OracleDraft(target)
+        self.vocab = vocab
+
+    def propose(self, tokens: Sequence[int], aux: Any, k: int) -> list[int]:
+        first, second = self.oracle.propose(tokens, aux, 2)
+        return [first, (second + 1) % self.vocab] + [0] * (k - 2)
+
+
+# --------------------------------------------------------------------------- ordering
+
+
+def test_oracle_scores_k_plus_one_and_is_lossless(setup: Setup) -> None:
+    r = run(setup, OracleDraft(setup.target))
+    assert r.lossless is True and r.lossless_prompts == N_PROMPTS
+    assert r.vllm_style_acceptance_length == K + 1  # every draft token accepted
+    assert r.per_position_rate == [1.0] * K
+    # end effects only: the last step of a prompt may be cut by max_new_tokens / EOT
+    assert K + 1 - N_PROMPTS * K / r.steps <= r.acceptance_length <= K + 1
+    assert r.tokens == r.step_tokens + N_PROMPTS  # plus one prefill token per prompt
+
+
+def test_partial_acceptance_counts_exactly(setup: Setup) -> None:
+    r = run(setup, FirstOnly(setup.target, setup.spec.vocab_size))
+    assert r.lossless is True
+    assert r.accepted_per_pos == [r.steps, 0, 0]
+    assert r.vllm_style_acceptance_length == 2.0
+    assert r.per_position_conditional == [1.0, 0.0, None]
+
+
+def test_untrained_draft_scores_about_one(setup: Setup, untrained: Any) -> None:
+    r = run(setup, SpeculatorsDraft(untrained))
+    assert r.lossless is True
+    assert 1.0 <= r.acceptance_length < 1.15
+
+
+def test_trained_draft_beats_untrained(setup: Setup, untrained: Any, trained: Any) -> None:
+    base = run(setup, SpeculatorsDraft(untrained))
+    better = run(setup, SpeculatorsDraft(trained))
+    assert better.lossless is True
+    assert better.acceptance_length > base.acceptance_length
+    assert better.acceptance_length > 1.2
+
+
+# --------------------------------------------------------------------------- the draft
+
+
+def test_inference_chain_equals_speculators_ttt_forward(setup: Setup, trained: Any) -> None:
+    """Our chained proposal == speculators' own forward fed the same tokens (its TTT step j
+    at the last real position sees exactly what inference step j sees)."""
+    draft = SpeculatorsDraft(trained)
+    seq = setup.prompts[0].prompt_ids
+    _, aux = setup.target.forward(seq)
+    tokens = seq[:-1]  # context; its last token's state is not used by the draft
+    n = len(tokens)
+    proposed = draft.propose(tokens, aux[: n - 1], K)
+    t2d_ids = []  # target -> draft ids through d2t
+    d2t = trained.d2t.long()
+    for tok in proposed:
+        t2d_ids.append(int(((torch.arange(len(d2t)) + d2t) == tok).nonzero()[0, 0]))
+    ids = torch.tensor([tokens[1:] + proposed[:-1]])
+    hidden = torch.cat([aux[: n - 1], torch.zeros(K - 1, aux.shape[1])])[None]
+    with torch.no_grad():
+        out = trained(hidden_states=hidden, input_ids=ids,
+                      document_ids=torch.zeros_like(ids), ttt_steps=K)
+    assert [int(out[j][0, n - 2]) for j in range(K)] == t2d_ids
+
+
+def test_stops_at_end_of_turn(setup: Setup) -> None:
+    """The EOT token ends the answer even inside an accepted run of draft tokens."""
+    p = setup.prompts[0]
+    stop = [setup.target.forward(p.prompt_ids)[0][-1].argmax().item()]  # first token
+    r = speculative_decode(setup.target, OracleDraft(setup.target), p, K, MAX_NEW, stop)
+    assert r.tokens == stop and r.steps == 0
+
+
+# --------------------------------------------------------------------------- prompts
+
+
+def test_load_prompts_names_bad_rows(tmp_path: Path) -> None:
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(json.dumps({"id": "a", "prompt_ids": [1, 2]}) + "\n"
+                    + json.dumps({"id": "b", "prompt_ids": []}) + "\n")
+    with pytest.raises(ConfigError, match=r"prompts.jsonl:2: 'prompt_ids'"):
+        load_prompts(path)
+    path.write_text(json.dumps({"id": "a", "prompt_ids": [1, 9999]}) + "\n")
+    with pytest.raises(ConfigError, match="outside the target vocabulary"):
+        load_prompts(path, vocab_size=2048)
+    path.write_text(json.dumps({"id": "a", "prompt_ids": [1, 2]}) + "\n")
+    assert load_prompts(path) == [Prompt("a", [1, 2])]

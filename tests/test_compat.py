@@ -1,0 +1,207 @@
+"""Tripwires for the speculators internals that ``eagle3_pipeline.compat`` relies on.
+
+Each assertion names one internal of speculators 0.9; when an upgrade moves it, this file
+fails with that name instead of the pipeline misbehaving quietly (a flex-attention model
+on CPU, a reload that reaches for the hub, training-only tensors in a published draft).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+HUB_ID = "example-org/not-on-this-machine"
+
+
+def test_speculators_internals_used_by_compat() -> None:
+    from importlib.metadata import version
+
+    from speculators.config import VerifierConfig
+    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+
+    assert version("speculators").startswith("0.9."), (
+        f"speculators {version('speculators')}: compat.py was written against 0.9; "
+        "re-check every workaround in it"
+    )
+    # load_draft redirects this field; from_pretrained reads the verifier through it.
+    assert "name_or_path" in VerifierConfig.model_fields
+    src = inspect.getsource(Eagle3DraftModel.from_pretrained)
+    assert "speculators_config.verifier.name_or_path" in src, (
+        "Eagle3DraftModel.from_pretrained no longer reads verifier.name_or_path"
+    )
+    # load_draft sets the attention implementation because __init__ overrides None.
+    init_src = inspect.getsource(Eagle3DraftModel.__init__)
+    assert "_attn_implementation is None" in init_src and "simple_flex_attention" in init_src
+    # The validator's rules assume these defaults and save-time exclusions.
+    fields = Eagle3SpeculatorConfig.model_fields
+    for name in (
+        "transformer_layer_config",
+        "eagle_aux_hidden_state_layer_ids",
+        "draft_vocab_size",
+        "norm_before_residual",
+        "speculators_config",
+    ):
+        assert name in fields, f"Eagle3SpeculatorConfig lost field {name}"
+    assert fields["norm_before_residual"].default is False, (
+        "speculators' norm_before_residual default changed: revisit checkpoint.py's rule"
+    )
+    assert {"verifier_lm_head.weight", "verifier_norm.weight"} <= set(
+        Eagle3DraftModel._keys_to_ignore_on_save
+    )
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict[str, torch.Tensor]]:
+    """A tiny Llama target and a draft saved with a hub id that cannot be resolved here."""
+    from speculators.config import SpeculatorsConfig, VerifierConfig
+    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+    from speculators.proposals.greedy import GreedyTokenProposalConfig
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    root = tmp_path_factory.mktemp("compat")
+    shape = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        vocab_size=128,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    target = root / "target"
+    LlamaForCausalLM(
+        LlamaConfig(num_hidden_layers=4, tie_word_embeddings=False, **shape)
+    ).save_pretrained(target)
+    config = Eagle3SpeculatorConfig(
+        transformer_layer_config=LlamaConfig(num_hidden_layers=1, **shape),
+        draft_vocab_size=128,
+        norm_before_residual=True,
+        eagle_aux_hidden_state_layer_ids=[1, 2, 3],
+        speculators_config=SpeculatorsConfig(
+            algorithm="eagle3",
+            proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=2)],
+            default_proposal_method="greedy",
+            verifier=VerifierConfig(name_or_path=str(target), architectures=["LlamaForCausalLM"]),
+        ),
+    )
+    model = Eagle3DraftModel(config)
+    assert model._attn_impl == "simple_flex_attention", "speculators' silent default moved"
+    model.load_verifier_weights()
+    model.config.speculators_config.verifier.name_or_path = HUB_ID
+    draft = root / "draft"
+    model.save_pretrained(draft)
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return draft, target, state
+
+
+def test_load_draft_offline_with_a_hub_id(
+    saved: tuple[Path, Path, dict[str, torch.Tensor]],
+) -> None:
+    from eagle3_pipeline.compat import load_draft
+
+    draft, target, state = saved
+    published = json.loads((draft / "config.json").read_text())
+    assert published["speculators_config"]["verifier"]["name_or_path"] == HUB_ID
+
+    model = load_draft(draft, target)
+    assert model._attn_impl == "sdpa"
+    assert model.config.transformer_layer_config._attn_implementation == "sdpa"
+    assert not model.training
+    # the published id is back, so a re-save never leaks the local target path
+    assert model.config.speculators_config.verifier.name_or_path == HUB_ID
+    assert model.config.eagle_aux_hidden_state_layer_ids == [1, 2, 3]
+    loaded = model.state_dict()
+    for name in ("fc.weight", "layers.0.self_attn.q_proj.weight", "lm_head.weight", "norm.weight"):
+        assert torch.equal(loaded[name], state[name]), name
+    # verifier weights (not saved) were read from the local target directory
+    assert torch.isfinite(loaded["verifier_lm_head.weight"]).all()
+    assert torch.equal(loaded["verifier_lm_head.weight"], state["verifier_lm_head.weight"])
+
+
+def test_load_draft_needs_a_local_target(
+    saved: tuple[Path, Path, dict[str, torch.Tensor]], tmp_path: Path
+) -> None:
+    from eagle3_pipeline.compat import load_draft
+
+    draft, _, _ = saved
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        load_draft(draft, tmp_path)
+
+
+# --------------------------------------------------------------------------- train stage
+
+
+def test_internals_used_by_the_strict_dataset_and_the_cpu_trainer() -> None:
+    """Tripwires for compat.strict_hidden_states_dataset and compat.speculators_trainer."""
+    from hs_connectors import FileTransfer
+    from speculators.train import trainer as trainer_mod
+    from speculators.train.data import ArrowDataset
+    from speculators.train.recovery import SampleUnavailable
+
+    params = inspect.signature(ArrowDataset.__init__).parameters
+    for name in ("datapath", "transfer", "on_missing", "train_ratio", "split",
+                 "hidden_states_dtype"):
+        assert name in params, f"ArrowDataset.__init__ lost parameter {name}"
+    assert params["on_missing"].default == "generate", "on_missing default changed"
+    assert hasattr(ArrowDataset, "_map_to_file_idx")
+    raw = inspect.getsource(ArrowDataset._get_raw_data)
+    assert "SampleUnavailable(" in raw and "torch.equal" in raw, (
+        "ArrowDataset no longer reports token mismatches as SampleUnavailable"
+    )
+    assert SampleUnavailable is not None
+    assert "hidden_states_path" in inspect.getsource(FileTransfer.__init__)
+    # the CPU patches: device from get_local_rank, synchronize in the step timer
+    assert "self.model.to(self.local_rank)" in inspect.getsource(trainer_mod.Trainer.setup_model)
+    assert "get_local_rank()" in inspect.getsource(trainer_mod.Trainer.__init__)
+    assert "device_type" in inspect.getsource(trainer_mod.Trainer.train_epoch)
+    timer_src = inspect.getsource(trainer_mod._StepTimer)
+    assert "torch.accelerator.synchronize()" in timer_src
+    for name in ("mark", "now"):
+        assert hasattr(trainer_mod._StepTimer, name)
+
+
+def test_stock_trainer_runs_a_step_on_cpu(saved) -> None:
+    """speculators' Trainer, with compat's patches only, trains a draft on CPU."""
+    import tempfile
+
+    from speculators import SpeculatorModelConfig
+    from speculators.losses import resolve_loss_config
+    from speculators.models.eagle3 import Eagle3DraftModel
+    from speculators.train.trainer import TrainerConfig
+    from torch.utils.data import DataLoader
+
+    from eagle3_pipeline.compat import speculators_trainer
+
+    draft_dir, target_dir, _ = saved
+
+    config = SpeculatorModelConfig.from_pretrained(str(draft_dir))
+    config.speculators_config.verifier.name_or_path = str(target_dir)
+    config.transformer_layer_config._attn_implementation = "sdpa"
+    model = Eagle3DraftModel.from_pretrained(str(draft_dir), config=config)
+    h = model.hidden_size
+    n_aux = len(model.config.eagle_aux_hidden_state_layer_ids)
+    seq = 16
+    batch = {
+        "hidden_states": torch.randn(1, seq, n_aux * h),
+        "input_ids": torch.randint(0, model.verifier_vocab_size, (1, seq)),
+        "verifier_last_hidden_states": torch.randn(1, seq, h),
+        "loss_mask": torch.ones(1, seq, dtype=torch.long),
+        "position_ids": torch.arange(seq).unsqueeze(0),
+        "document_ids": torch.zeros(1, seq, dtype=torch.long),
+        "error_records": 0,
+    }
+    before = model.fc.weight.detach().clone()
+    kwargs = {"ttt_steps": 2, "ttt_step_loss_decay": 1.0,
+              "loss_config": resolve_loss_config("kl_div", "eager")}
+    with tempfile.TemporaryDirectory() as tmp:
+        tcfg = TrainerConfig(lr=1e-2, num_epochs=1, save_path=tmp, train_call_kwargs=kwargs,
+                             hidden_states_dtype=torch.float32, scheduler_type="none")
+        loader = DataLoader([batch], batch_size=None)
+        trainer = speculators_trainer(model, tcfg, loader, None, device="cpu")
+        trainer.train_epoch(0)
+    assert trainer.global_step == 1
+    assert not torch.equal(before, model.fc.weight.detach())

@@ -1,0 +1,163 @@
+"""The real DVC graph, end to end, in a temporary copy of the repository.
+
+One reduced configuration (few target steps, few samples, short generations, few epochs)
+is written into the copy's ``conf/config.yaml`` so that ``dvc exp run`` -- which
+recomposes ``conf/`` -- keeps it. Assertions compare ``dvc.lock`` before and after, not
+exit codes alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+STAGES = ["preflight", "target", "prepare", "extract", "train", "validate"]
+
+REDUCED = {
+    "target": {"train_steps": 120},
+    "train": {"samples": 24, "epochs": 3},
+    "data": {"heldout_size": 4, "max_new_tokens": 32},
+    "validate": {"max_new_tokens": 24},
+}
+
+pytestmark = pytest.mark.slow
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env.setdefault("GIT_AUTHOR_NAME", "test")
+    env.setdefault("GIT_AUTHOR_EMAIL", "test@example.invalid")
+    env.setdefault("GIT_COMMITTER_NAME", "test")
+    env.setdefault("GIT_COMMITTER_EMAIL", "test@example.invalid")
+    return env
+
+
+def _run(cwd: Path, *cmd: str, timeout: int = 1500) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        list(cmd), cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout
+    )
+    if proc.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n"
+            f"{proc.stderr[-4000:]}"
+        )
+    return proc
+
+
+def _dvc(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return _run(cwd, sys.executable, "-m", "dvc", *args)
+
+
+def _lock(cwd: Path) -> dict:
+    return yaml.safe_load((cwd / "dvc.lock").read_text())["stages"]
+
+
+def _changed(before: dict, after: dict) -> set[str]:
+    return {s for s in set(before) | set(after) if before.get(s) != after.get(s)}
+
+
+def _merge(dst: dict, src: dict) -> None:
+    for k, v in src.items():
+        if isinstance(v, dict) and isinstance(dst.get(k), dict):
+            _merge(dst[k], v)
+        else:
+            dst[k] = v
+
+
+@pytest.fixture(scope="module")
+def repo_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A git repository holding the project's files and the reduced configuration."""
+    dst = tmp_path_factory.mktemp("repo")
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"],
+        cwd=REPO, capture_output=True, check=True,
+    ).stdout.decode().split("\0")
+    for rel in filter(None, files):
+        src = REPO / rel
+        if src.is_file():
+            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst / rel)
+    conf = dst / "conf/config.yaml"
+    data = yaml.safe_load(conf.read_text())
+    _merge(data, REDUCED)
+    conf.write_text(yaml.safe_dump(data, sort_keys=False))
+    _run(dst, sys.executable, "-m", "eagle3_pipeline.compose")
+    _run(dst, "git", "init", "-q")
+    _run(dst, "git", "add", "-A")
+    _run(dst, "git", "commit", "-qm", "reduced config")
+    return dst
+
+
+def test_repro_end_to_end_then_cached_then_train_only_change(repo_copy: Path):
+    first = _dvc(repo_copy, "repro")
+    for stage in STAGES:
+        assert f"Running stage '{stage}'" in first.stdout, first.stdout[-3000:]
+    lock1 = _lock(repo_copy)
+    assert set(lock1) == set(STAGES)
+
+    # every stage left its metrics; dvc shows them
+    for stage in STAGES:
+        assert (repo_copy / "metrics" / f"{stage}.json").is_file(), stage
+    shown = _dvc(repo_copy, "metrics", "show", "--json").stdout
+    metrics = json.loads(shown)
+    assert metrics, "dvc metrics show returned nothing"
+    validate = json.loads((repo_copy / "metrics/validate.json").read_text())
+    assert validate["acceptance_length"] >= 1.0
+    assert json.loads((repo_copy / "metrics/preflight.json").read_text())["passed"] is True
+
+    # the plan's storage estimate matches what extract wrote (within 10%)
+    _run(repo_copy, sys.executable, "-m", "eagle3_pipeline.plan", "--params", "params.yaml",
+         "--out", str(repo_copy / "plan_out"))
+    plan = json.loads((repo_copy / "plan_out/plan.json").read_text())
+    written = json.loads((repo_copy / "metrics/extract.json").read_text())["bytes_written"]
+    estimate = plan["storage"]["total_bytes"]
+    assert abs(estimate - written) <= 0.10 * written, (estimate, written)
+
+    # a second repro: preflight runs again (volatile GPU state), nothing downstream does
+    second = _dvc(repo_copy, "repro")
+    assert "Running stage 'preflight'" in second.stdout
+    lock2 = _lock(repo_copy)
+    assert _changed(lock1, lock2) <= {"preflight"}
+    for stage in STAGES[1:]:
+        assert f"Running stage '{stage}'" not in second.stdout, stage
+        assert lock2[stage] == lock1[stage], stage
+
+    # a train-only param: only train and validate (and the always-run preflight) change
+    _run(repo_copy, "git", "add", "-A")
+    _run(repo_copy, "git", "commit", "-qm", "first run")
+    _dvc(repo_copy, "exp", "run", "-S", "train.lr=0.002")
+    lock3 = _lock(repo_copy)
+    changed = _changed(lock2, lock3) - {"preflight"}
+    assert changed == {"train", "validate"}, changed
+    assert lock3["train"]["params"]["params.yaml"]["train"]["lr"] == 0.002
+
+    # a typo in -S is refused by the schema before any stage runs
+    bad = subprocess.run(
+        [sys.executable, "-m", "dvc", "exp", "run", "-S", "train.sampels=5"],
+        cwd=repo_copy, env=_env(), capture_output=True, text=True, timeout=600,
+    )
+    assert bad.returncode != 0 and "sampels" in (bad.stdout + bad.stderr)
+    assert _lock(repo_copy) == lock3
+
+
+def test_tiny_llama_runs_the_whole_graph(repo_copy: Path):
+    _run(repo_copy, "git", "add", "-A")
+    _run(repo_copy, "git", "commit", "-qm", "before llama", "--allow-empty")
+    out = _dvc(repo_copy, "exp", "run", "-S", "model=tiny_llama")
+    lock = _lock(repo_copy)
+    for stage in STAGES[1:]:
+        assert f"Running stage '{stage}'" in out.stdout, stage
+    target = json.loads((repo_copy / "data/target/target.json").read_text())
+    assert target["architecture"] == "LlamaForCausalLM" and not target["nested"]
+    assert lock["target"]["params"]["params.yaml"]["model"]["name"] == "tiny_llama"
+    validate = json.loads((repo_copy / "metrics/validate.json").read_text())
+    assert validate["acceptance_length"] >= 1.0

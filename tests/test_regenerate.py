@@ -1,0 +1,343 @@
+"""On-policy regeneration: the hf backend against direct ``generate`` calls, and the server
+backend against a real HTTP server on localhost serving the tiny target (with faults)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import sys
+import threading
+import time
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eagle3_pipeline.corpus import builtin_conversations
+from eagle3_pipeline.data import end_of_turn_ids, load_tokenizer, render_ids
+from eagle3_pipeline.regenerate import (
+    GenerationCache,
+    HFBackend,
+    Reasoning,
+    ServerBackend,
+    ServerUnavailable,
+    managed_server,
+    plan_turns,
+    regenerate_rows,
+)
+from eagle3_pipeline.tiny import load_target_model
+
+REPO = Path(__file__).resolve().parents[1]
+MAX_NEW = 24
+
+
+@pytest.fixture(scope="module")
+def target(tiny_target):
+    model_dir = tiny_target / "data/target/model"
+    tok = load_tokenizer(model_dir)
+    return model_dir, tok, end_of_turn_ids(tok, model_dir), load_target_model(model_dir)
+
+
+@pytest.fixture(scope="module")
+def convs() -> list[dict[str, Any]]:
+    """Single- and two-turn builtin conversations, plus one of user turns only."""
+    allc = builtin_conversations(0)
+    two = [c for c in allc if len(c["messages"]) == 4][:3]
+    one = [c for c in allc if len(c["messages"]) == 2][:3]
+    prompt_only = {"id": "q", "messages": [{"role": "user", "content": "Tell me about lists."}]}
+    return [*two, *one, prompt_only]
+
+
+def _hf(target, batch_size=4) -> HFBackend:
+    model_dir, tok, eot, model = target
+    return HFBackend(model_dir, eot, tok.pad_token_id, MAX_NEW, batch_size, model=model)
+
+
+def _direct_greedy(model, ids: list[int], eot: list[int]) -> list[int]:
+    import torch
+
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=torch.tensor([ids]), max_new_tokens=MAX_NEW, do_sample=False,
+            eos_token_id=eot,
+        )  # fmt: skip
+    gen = out[0, len(ids) :].tolist()
+    return gen[: gen.index(eot[0]) + 1] if eot[0] in gen else gen
+
+
+@pytest.fixture(scope="module")
+def hf_rows(target, convs):
+    _, tok, eot, _ = target
+    return regenerate_rows(convs, _hf(target), tok, eot, 512, progress=False)
+
+
+def test_hf_rows_are_the_targets_own_greedy_continuation(target, convs, hf_rows):
+    _, tok, eot, model = target
+    rows, stats = hf_rows
+    assert len(rows) == 3 * 2 + 3 + 1 and stats.requests == len(rows) and not stats.errors
+    for r in rows:
+        assert r.completion == _direct_greedy(model, r.context, eot), r.conversation
+    # turn 2's context is the template's render of the history with the target's own
+    # first answer in it (reasoning dropped as at inference), then the original user turn
+    by_conv: dict[str, list] = {}
+    for r in rows:
+        by_conv.setdefault(r.conversation, []).append(r)
+    think = Reasoning(tok)
+    for c in convs[:3]:
+        first, second = by_conv[c["id"]]
+        msgs = c["messages"]
+        history = [msgs[0], think.message(first.completion, eot), msgs[2]]
+        assert second.context == render_ids(tok, history, generation_prompt=True)
+        assert c["messages"][1]["content"] not in tok.decode(second.context)
+
+
+def test_hf_batching_does_not_change_the_tokens(target, convs, hf_rows):
+    _, tok, eot, _ = target
+    rows1, _ = regenerate_rows(convs[:2], _hf(target, batch_size=1), tok, eot, 512, progress=False)
+    assert [(r.context, r.completion) for r in rows1] == [
+        (r.context, r.completion) for r in hf_rows[0][:4]
+    ]
+
+
+def test_cache_resumes_without_generating_again(target, convs, hf_rows, tmp_path):
+    _, tok, eot, _ = target
+    cache = GenerationCache(tmp_path / "c.jsonl")
+    regenerate_rows(convs[:2], _hf(target), tok, eot, 512, cache=cache, progress=False)
+    with open(tmp_path / "c.jsonl", "a") as fh:
+        fh.write('{"key": "torn')  # a crash mid-write
+    again = GenerationCache(tmp_path / "c.jsonl")
+    rows, stats = regenerate_rows(convs, _hf(target), tok, eot, 512, cache=again, progress=False)
+    # 4 turns cached by the first run (more when conversations ask the same question)
+    assert stats.cached >= 4 and stats.requests == len(rows) - stats.cached
+    assert [r.completion for r in rows] == [r.completion for r in hf_rows[0]]
+
+
+def test_reasoning_drop_cuts_between_the_markers_at_token_level(target):
+    _, tok, eot, _ = target
+    ids = tok("<think>so I think</think>Answer.<|im_end|>", add_special_tokens=False)["input_ids"]
+    cut = Reasoning(tok, "drop").supervised(ids)
+    assert tok.decode(cut) == "<think></think>Answer.<|im_end|>"
+    assert Reasoning(tok, "keep").supervised(ids) == ids
+    msg = Reasoning(tok).message(ids, eot)
+    assert msg == {"role": "assistant", "content": "Answer.", "reasoning_content": "so I think"}
+
+
+def test_plan_turns_regenerates_after_each_user_segment():
+    lead, segs = plan_turns(
+        [
+            {"role": "assistant", "content": "Hello, I am a bot."},
+            {"role": "user", "content": "a"},
+            {"role": "assistant", "content": "x"},
+            {"role": "user", "content": "b"},
+        ]
+    )
+    assert lead == [{"role": "assistant", "content": "Hello, I am a bot."}]
+    assert segs == [[{"role": "user", "content": "a"}], [{"role": "user", "content": "b"}]]
+
+
+# --------------------------------------------------------------------------- server backend
+
+
+class ChatServer:
+    """The tiny target behind /v1/models and /v1/chat/completions (``return_token_ids``
+    as vLLM answers it), with faults chosen by a word in the last user message: FAIL500
+    (always 500), FLAKY (503 on the first attempt), SLOW (sleeps past the client's
+    timeout), NOIDS (a response without token ids), BADREQ (400, not retried)."""
+
+    def __init__(self, model_dir: Path, tok, eot, model) -> None:
+        self.tok, self.eot, self.model = tok, eot, model
+        self.lock = threading.Lock()
+        self.attempts: Counter[str] = Counter()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _send(self, code: int, obj: Any) -> None:
+                body = json.dumps(obj).encode()
+                try:
+                    self.send_response(code)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+            def do_GET(self) -> None:
+                if self.path == "/v1/models":
+                    self._send(200, {"object": "list", "data": [{"id": "tiny-kimi"}]})
+                else:
+                    self._send(404, {"error": "not found"})
+
+            def do_POST(self) -> None:
+                req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                code, obj = server.answer(req)
+                self._send(code, obj)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def answer(self, req: dict[str, Any]) -> tuple[int, Any]:
+        import torch
+
+        last = req["messages"][-1]["content"]
+        with self.lock:
+            self.attempts[last] += 1
+            n = self.attempts[last]
+        if "FAIL500" in last:
+            return 500, {"error": "boom"}
+        if "BADREQ" in last:
+            return 400, {"error": "bad request"}
+        if "FLAKY" in last and n == 1:
+            return 503, {"error": "try again"}
+        if "SLOW" in last:
+            time.sleep(3.0)
+        if not req.get("return_token_ids"):
+            return 400, {"error": "this fixture only serves return_token_ids requests"}
+        prompt = render_ids(self.tok, req["messages"], generation_prompt=True)
+        with self.lock, torch.no_grad():
+            out = self.model.generate(
+                input_ids=torch.tensor([prompt]), max_new_tokens=req["max_tokens"],
+                do_sample=False, eos_token_id=self.eot,
+            )  # fmt: skip
+        gen = out[0, len(prompt) :].tolist()
+        stopped = self.eot[0] in gen
+        gen = gen[: gen.index(self.eot[0]) + 1] if stopped else gen
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": self.tok.decode(gen)},
+            "finish_reason": "stop" if stopped else "length",
+            "token_ids": gen,
+        }
+        if "NOIDS" in last:
+            return 200, {"choices": [{k: v for k, v in choice.items() if k != "token_ids"}]}
+        return 200, {"id": "x", "object": "chat.completion", "model": req["model"],
+                     "prompt_token_ids": prompt, "choices": [choice]}  # fmt: skip
+
+    def __enter__(self) -> ChatServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def server(target):
+    model_dir, tok, eot, model = target
+    with ChatServer(model_dir, tok, eot, model) as s:
+        yield s
+
+
+def _user(content: str, cid: str) -> dict[str, Any]:
+    return {"id": cid, "messages": [{"role": "user", "content": content}]}
+
+
+def test_server_rows_equal_the_hf_rows_token_for_token(target, convs, hf_rows, server):
+    _, tok, eot, _ = target
+    backend = ServerBackend(server.url, MAX_NEW, concurrency=3, timeout_s=30, backoff_s=0.01)
+    assert backend.model == "tiny-kimi"  # detected from /v1/models
+    rows, stats = regenerate_rows(convs, backend, tok, eot, 512, progress=False)
+    assert not stats.errors and stats.prompt_mismatch == 0
+    assert [(r.conversation, r.context, r.completion) for r in rows] == [
+        (r.conversation, r.context, r.completion) for r in hf_rows[0]
+    ]
+
+
+def test_server_failures_are_counted_never_empty_answers(target, convs, server):
+    _, tok, eot, _ = target
+    bad = [
+        _user("FAIL500 What is a list?", "fail"),
+        _user("SLOW What is a dict?", "slow"),
+        _user("FLAKY What is a set?", "flaky"),
+        _user("NOIDS What is a tuple?", "noids"),
+        _user("BADREQ What is a str?", "badreq"),
+        {"id": "second-fails", "messages": [
+            {"role": "user", "content": "What is an int?"},
+            {"role": "assistant", "content": "x"},
+            {"role": "user", "content": "FAIL500 and a float?"},
+        ]},
+    ]  # fmt: skip
+    backend = ServerBackend(
+        server.url, MAX_NEW, concurrency=4, timeout_s=1.0, retries=1, backoff_s=0.01
+    )
+    rows, stats = regenerate_rows([*bad, convs[3]], backend, tok, eot, 512, progress=False)
+    assert dict(stats.errors) == {
+        "regenerate_http_500": 2, "regenerate_timeout": 1, "regenerate_no_token_ids": 1,
+        "regenerate_http_400": 1,
+    }  # fmt: skip
+    assert server.attempts["FAIL500 What is a list?"] == 2  # retried once, then counted
+    assert server.attempts["BADREQ What is a str?"] == 1  # a 4xx is not retried
+    got = Counter(r.conversation for r in rows)
+    assert got == {"flaky": 1, "second-fails": 1, convs[3]["id"]: 1}
+    assert all(r.completion for r in rows)
+
+
+def test_unreachable_server_is_a_clear_error():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(ServerUnavailable, match=f"127.0.0.1:{port}.*is the server up"):
+        ServerBackend(f"http://127.0.0.1:{port}/v1", 8, timeout_s=2)
+
+
+SERVE_SCRIPT = """
+import json, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *a): pass
+    def do_GET(self):
+        body = json.dumps({"data": [{"id": "m"}]}).encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(body)))
+        self.end_headers(); self.wfile.write(body)
+HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_managed_server_is_always_stopped(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/v1"
+    cmd = [sys.executable, "-c", SERVE_SCRIPT, str(port)]
+    with pytest.raises(KeyboardInterrupt):
+        with managed_server(cmd, url, 60, tmp_path / "serve.log") as proc:
+            assert ServerBackend(url, 8, timeout_s=5).model == "m"
+            raise KeyboardInterrupt  # the stage dies mid-run: the server must still go
+    assert proc.poll() is not None
+    with pytest.raises(ServerUnavailable, match="exited with 3"):
+        with managed_server([sys.executable, "-c", "raise SystemExit(3)"], url, 60,
+                            tmp_path / "serve.log"):  # fmt: skip
+            pass
+
+
+# --------------------------------------------------------------------------- the stage
+
+
+def test_stage_regenerates_through_the_server_backend(tiny_target, server, tmp_path, monkeypatch):
+    from datasets import load_from_disk
+
+    from eagle3_pipeline.config import load_config
+    from eagle3_pipeline.stages.prepare import prepare, prepared_dir
+
+    shutil.copytree(REPO / "conf", tmp_path / "conf")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "target").symlink_to(tiny_target / "data" / "target")
+    monkeypatch.chdir(tmp_path)
+    common = ["train.samples=4", "data.heldout_size=2", f"data.max_new_tokens={MAX_NEW}"]
+    cfg = load_config([*common, "data.regenerate_backend=server", f"data.server.base_url={server.url}"])
+    m = prepare(cfg, progress=False)
+    assert m["regenerate"] is True and m["backend"] == "server" and m["errors"] == {}
+    assert m["regeneration"]["requests"] == m["rows"] >= 4
+    server_rows = load_from_disk(str(prepared_dir(cfg))).with_format(None)[:]
+    m2 = prepare(load_config(common), progress=False)  # hf: a separate cache, same tokens
+    assert m2["backend"] == "hf" and m2["regeneration"]["cached"] == 0
+    assert load_from_disk(str(prepared_dir(cfg))).with_format(None)[:] == server_rows

@@ -1,0 +1,273 @@
+"""The train stage: a draft that learns, on either tiny target, resumable, refusing bad input.
+
+Until the prepare and extract stages exist, ``make_training_data`` writes their outputs
+from the tiny target in exactly their format: ``data/prepared`` (a ``save_to_disk``
+dataset with input_ids / loss_mask / seq_len, one row per assistant turn, + token_freq.pt)
+and ``data/hidden_states`` (``hs_{i}.safetensors``: token_ids, hidden_states
+``[seq, n_aux + 1, H]`` bf16 whose last entry is the final state BEFORE the final norm,
++ manifest.json).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from eagle3_pipeline.config import ConfigError, load_config
+
+# A reduced config: a few dozen rows, short sequences, small packs, a small draft vocab.
+REDUCED = [
+    "train.epochs=4",
+    "train.tokens_per_step=512",
+    "train.draft_vocab_size=512",
+    "train.lr=3e-3",
+    "train.val_fraction=0.2",
+    "train.checkpoint_every_steps=1000",
+]
+
+
+# --------------------------------------------------------------------------- data helper
+
+
+def make_training_data(workdir: Path, n_convs: int = 40, max_len: int = 160) -> int:
+    """prepare + extract outputs for the tiny target in ``workdir``; returns the row count."""
+    from datasets import Dataset
+    from safetensors.torch import save_file
+    from transformers import AutoTokenizer
+
+    from eagle3_pipeline.corpus import builtin_conversations
+    from eagle3_pipeline.target import load_target_spec
+    from eagle3_pipeline.tiny import load_target_model
+
+    data = workdir / "data"
+    spec = load_target_spec(data / "target" / "target.json")
+    model_dir = workdir / spec.path if not Path(spec.path).is_absolute() else Path(spec.path)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    rows: dict[str, list[Any]] = {"input_ids": [], "loss_mask": [], "seq_len": []}
+    freq: Counter[int] = Counter()
+    for conv in builtin_conversations(0)[:n_convs]:
+        msgs = conv["messages"]
+        for i, m in enumerate(msgs):
+            if m["role"] != "assistant":
+                continue
+            ctx = tok.apply_chat_template(msgs[:i], add_generation_prompt=True, tokenize=False)
+            full = tok.apply_chat_template(msgs[: i + 1], tokenize=False)
+            ctx_ids = tok(ctx, add_special_tokens=False)["input_ids"]
+            ids = tok(full, add_special_tokens=False)["input_ids"][:max_len]
+            mask = [0] * min(len(ctx_ids), len(ids)) + [1] * max(0, len(ids) - len(ctx_ids))
+            if sum(mask) == 0:
+                continue
+            rows["input_ids"].append(ids)
+            rows["loss_mask"].append(mask)
+            rows["seq_len"].append(len(ids))
+            freq.update(t for t, k in zip(ids, mask, strict=True) if k)
+    Dataset.from_dict(rows).with_format("torch").save_to_disk(str(data / "prepared"))
+    torch.save(dict(freq), data / "prepared" / "token_freq.pt")
+
+    target = load_target_model(model_dir)
+    norm = next(m for n, m in target.named_modules()
+                if n.endswith("language_model.norm") or n == "model.norm")
+    captured: dict[str, torch.Tensor] = {}
+    hook = norm.register_forward_pre_hook(lambda _m, args: captured.__setitem__("h", args[0]))
+    hs_dir = data / "hidden_states"
+    hs_dir.mkdir(parents=True, exist_ok=True)
+    with torch.no_grad():
+        for i, ids in enumerate(rows["input_ids"]):
+            x = torch.tensor([ids])
+            out = target(input_ids=x, output_hidden_states=True)
+            aux = [out.hidden_states[k][0] for k in spec.aux_layer_ids]
+            hs = torch.stack([*aux, captured["h"][0]], dim=1).to(torch.bfloat16)
+            save_file({"token_ids": x[0].to(torch.int64), "hidden_states": hs.contiguous()},
+                      str(hs_dir / f"hs_{i}.safetensors"))
+    hook.remove()
+    (hs_dir / "manifest.json").write_text(json.dumps({
+        "target": {"name": spec.name, "hub_id": spec.hub_id, "revision": spec.revision},
+        "layers": {"aux_layer_ids": spec.aux_layer_ids, "final": "before_final_norm"},
+        "hidden_size": spec.hidden_size, "dtype": "bfloat16",
+        "samples": {"count": len(rows["input_ids"])},
+    }))
+    return len(rows["input_ids"])
+
+
+def _workdir(src: Path, dst: Path) -> Path:
+    """A copy of a prepared working directory (target + data), so tests do not interfere."""
+    shutil.copytree(src, dst, symlinks=True)
+    return dst
+
+
+@pytest.fixture(scope="session")
+def kimi_data(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("train_kimi")
+    shutil.copytree(tiny_target, root, dirs_exist_ok=True)
+    make_training_data(root)
+    return root
+
+
+@pytest.fixture
+def run_in(tmp_path: Path):
+    """chdir into a copy of a prepared working directory for the duration of a test."""
+    old = os.getcwd()
+
+    def enter(src: Path) -> Path:
+        work = _workdir(src, tmp_path / "work")
+        os.chdir(work)
+        return work
+
+    yield enter
+    os.chdir(old)
+
+
+# --------------------------------------------------------------------------- tests
+
+
+def _spec(**kw: Any) -> Any:
+    from eagle3_pipeline.target import TargetSpec
+
+    base = dict(
+        name="t", model_type="x", architecture="A", vllm_architecture="A",
+        vllm_eagle3_supported=True, nested=False, text_config_key=None, text_model_type="x",
+        num_layers=61, hidden_size=7168, vocab_size=163840, num_attention_heads=64,
+        num_key_value_heads=64, head_dim=192, intermediate_size=18432, attention="mla",
+        moe=True, num_experts=384, aux_layer_ids=[2, 30, 58], aux_layer_ids_source="config",
+    )
+    base.update(kw)
+    return TargetSpec(**base)
+
+
+def test_draft_shape_is_not_inherited_from_an_mla_moe_target() -> None:
+    from eagle3_pipeline.config import DraftShapeConfig
+    from eagle3_pipeline.draft import resolve_draft_shape
+
+    kimi = resolve_draft_shape(DraftShapeConfig(), _spec())
+    assert kimi.hidden_size == 7168 and kimi.layer_type == "llama"
+    assert kimi.head_dim == 7168 // 64 != 192  # not qk_nope + qk_rope, not qk_rope
+    assert kimi.intermediate_size != 18432 and kimi.num_key_value_heads == 64
+    dense = resolve_draft_shape(DraftShapeConfig(), _spec(
+        hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+        intermediate_size=12288, attention="standard", moe=False))
+    assert (dense.head_dim, dense.num_key_value_heads, dense.intermediate_size) == (128, 8, 12288)
+    with pytest.raises(ConfigError, match="hidden_size=1024 differs"):
+        resolve_draft_shape(DraftShapeConfig(hidden_size=1024), _spec())
+    with pytest.raises(ConfigError, match="vLLM serves"):
+        resolve_draft_shape(DraftShapeConfig(layer_type="mistral"), _spec())
+
+
+def test_vocab_always_holds_end_of_turn_and_reasoning_markers(tiny_target: Path) -> None:
+    from eagle3_pipeline import tiny
+    from eagle3_pipeline.draft import build_vocab_mapping, special_token_ids
+
+    found = special_token_ids(tiny_target / "data" / "target" / "model")
+    assert {tiny.END_OF_TURN, *tiny.REASONING_MARKERS} <= set(found)
+    freq = {i: 1000 - i for i in range(100, 400)}  # the specials never occur here
+    d2t, t2d = build_vocab_mapping(freq, 16, 2048, list(found.values()))
+    selected = {i + int(d2t[i]) for i in range(16)}
+    assert set(found.values()) <= selected and int(t2d.sum()) == 16
+    with pytest.raises(ConfigError, match="larger than the target vocabulary"):
+        build_vocab_mapping(freq, 4096, 2048, list(found.values()))
+
+
+def test_killed_run_resumes_and_the_draft_learns(kimi_data: Path, run_in) -> None:
+    import psutil
+
+    from eagle3_pipeline.compat import load_draft
+    from eagle3_pipeline.stages.train import main
+
+    work = run_in(kimi_data)
+    args = [*REDUCED, "train.epochs=2", "train.checkpoint_every_steps=3"]
+    with pytest.raises(SystemExit) as exc:
+        main([*args, "train.fail_after_steps=4"])
+    assert exc.value.code == 1
+    state = json.loads((work / "data/train_state/state.json").read_text())
+    assert state["global_step"] == 3 and not state["finished"]
+    assert not (work / "data/draft").exists() and not (work / "metrics/train.json").exists()
+
+    main(args)  # the rerun resumes from step 3
+    m = json.loads((work / "metrics/train.json").read_text())
+    assert m["resumed"] and m["steps"] == m["total_steps"] and m["steps_this_run"] == m["steps"] - 3
+    assert m["val_loss"] <= 0.8 * m["val_loss_untrained"], m
+    assert len(m["val_accuracy_per_position"]) == 3 and m["gpu"]["mode"] == "not applicable"
+    assert psutil.Process().children(recursive=True) == []  # no worker survives
+
+    cfg = json.loads((work / "data/draft/config.json").read_text())
+    spec = json.loads((work / "data/target/target.json").read_text())
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == spec["aux_layer_ids"]
+    assert cfg["norm_before_residual"] is True
+    assert cfg["transformer_layer_config"]["num_aux_hidden_states"] == 3
+    assert cfg["transformer_layer_config"]["model_type"] == "llama"
+    assert cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3
+    assert cfg["speculators_config"]["verifier"]["name_or_path"] == str(
+        (work / "data/target/model").resolve())
+    steps = (work / "plots/train/steps.tsv").read_text().splitlines()
+    assert len(steps) == m["steps"] + 1 and steps[0].startswith("step\tepoch\tloss\tacc_0")
+    assert (work / "plots/train/curves.png").read_bytes()[:4] == b"\x89PNG"
+    draft = load_draft(work / "data/draft", work / "data/target/model")
+    assert draft.d2t.shape[0] == 512
+
+
+def _expect_refusal(overrides: list[str], match: str) -> None:
+    from eagle3_pipeline import training
+
+    with pytest.raises((ConfigError, training.TrainingError), match=match):
+        training.plan_training(load_config([*REDUCED, *overrides]))
+
+
+def test_refuses_bad_settings(kimi_data: Path, run_in) -> None:
+    run_in(kimi_data)
+    _expect_refusal(["train.draft_vocab_size=4096"], "larger than the target vocabulary")
+    _expect_refusal(["train.speculative_tokens=0"], "speculative_tokens=0 must be >= 1")
+    _expect_refusal(["train.draft.hidden_size=256"], "differs from the target's hidden size")
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        ({"layers": [0, 1, 2]}, "layers \\[0, 1, 2\\]"),
+        ({"target": {"name": "tiny_llama"}}, "target name='tiny_llama'"),
+        ({"target": {"name": "tiny_kimi_k25", "revision": "abc"}}, "revision='abc'"),
+    ],
+)
+def test_refuses_hidden_states_of_another_target(kimi_data: Path, run_in, edit, match) -> None:
+    work = run_in(kimi_data)
+    path = work / "data/hidden_states/manifest.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **edit}))
+    _expect_refusal([], match)
+
+
+def test_refuses_a_file_whose_tokens_differ_from_its_row(kimi_data: Path, run_in) -> None:
+    from safetensors.torch import load_file, save_file
+
+    from eagle3_pipeline.compat import strict_hidden_states_dataset
+
+    work = run_in(kimi_data)
+    f = work / "data/hidden_states/hs_1.safetensors"
+    t = load_file(str(f))
+    t["token_ids"] = t["token_ids"].flip(0).contiguous()
+    save_file(t, str(f))
+    ds = strict_hidden_states_dataset(work / "data/prepared", f.parent, "train", 0.8, 512,
+                                      torch.float32)
+    assert ds[0]["input_ids"].numel() > 0
+    with pytest.raises(ValueError, match="hs_1.safetensors: unusable for prepared row 1"):
+        _ = ds[1]
+
+
+def test_tiny_llama_trains_through_the_same_path(tiny_llama_target: Path, tmp_path: Path,
+                                                 run_in) -> None:
+    src = tmp_path / "llama_src"
+    shutil.copytree(tiny_llama_target, src)
+    make_training_data(src, n_convs=12)
+    work = run_in(src)
+    from eagle3_pipeline.stages.train import main
+
+    main([*REDUCED, "model=tiny_llama", "train.epochs=1", "train.max_steps=2"])
+    m = json.loads((work / "metrics/train.json").read_text())
+    assert m["steps"] == 2 and m["draft_shape"]["head_dim"] == 32
+    cfg = json.loads((work / "data/draft/config.json").read_text())
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == json.loads(
+        (work / "data/target/target.json").read_text())["aux_layer_ids"]
