@@ -18,6 +18,7 @@ from eagle3_pipeline import vllm_extract as V
 from eagle3_pipeline.config import load_config
 from eagle3_pipeline.runner import StageError
 from eagle3_pipeline.target import load_target_spec
+from eagle3_pipeline.vllm_server import VllmServer
 
 REPO = Path(__file__).resolve().parents[1]
 ROW_TOKENS = 40  # short rows keep the CPU forwards fast
@@ -411,16 +412,18 @@ def _free_port() -> int:
 def test_server_is_shut_down_on_error_and_ctrl_c(tmp_path):
     for exc in (RuntimeError("boom"), KeyboardInterrupt()):
         port = _free_port()
-        server = V.VllmServer([sys.executable, "-c", FAKE_SERVER, str(port)], port,
-                              tmp_path / "server.log", startup_timeout_s=60, shutdown_timeout_s=5)
+        server = VllmServer([sys.executable, "-c", FAKE_SERVER, str(port)], port,
+                            tmp_path / "server.log", startup_timeout_s=60, shutdown_timeout_s=5,
+                            timeout_key="extract.vllm.startup_timeout_s")
         with pytest.raises(type(exc)):
             with server:
                 proc = server.proc
                 assert proc is not None and proc.poll() is None
                 raise exc
         assert proc.poll() is not None and server.proc is None
-    dead = V.VllmServer([sys.executable, "-c", "import sys; print('no gpu'); sys.exit(3)"],
-                        _free_port(), tmp_path / "dead.log", 60, 5)
+    dead = VllmServer([sys.executable, "-c", "import sys; print('no gpu'); sys.exit(3)"],
+                      _free_port(), tmp_path / "dead.log", 60, 5,
+                      timeout_key="extract.vllm.startup_timeout_s")
     with pytest.raises(StageError, match="exited with 3.*\n.*no gpu"):
         with dead:
             pass

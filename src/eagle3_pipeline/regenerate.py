@@ -38,8 +38,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import os
-import signal
 import subprocess
 import time
 import urllib.error
@@ -50,14 +48,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlparse
 
 from .config import ConfigError
 from .data import Row, render_ids
 from .tiny import REASONING_MARKERS
+from .vllm_server import VllmServer
 
 log = logging.getLogger(__name__)
 
 RETRYABLE_HTTP_STATUSES = {408, 409, 425, 429}
+SHUTDOWN_TIMEOUT_S = 30.0  # a started server: SIGTERM to SIGKILL
 
 
 class ServerUnavailable(ConnectionError):
@@ -324,44 +325,19 @@ def managed_server(
     cmd: list[str], base_url: str, startup_timeout_s: float, log_path: Path
 ) -> Iterator[subprocess.Popen[bytes]]:
     """Start a server process, wait until ``base_url/models`` answers, and ALWAYS stop
-    it (its whole process group: vLLM forks workers) when the block exits."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + startup_timeout_s
-        while True:
-            if proc.poll() is not None:
-                raise ServerUnavailable(
-                    f"server command exited with {proc.returncode} before serving "
-                    f"(see {log_path}): {' '.join(cmd)}"
-                )
-            try:
-                with urllib.request.urlopen(f"{base_url.rstrip('/')}/models", timeout=5):
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise ServerUnavailable(
-                    f"server not up at {base_url} after {startup_timeout_s} s (see {log_path})"
-                )
-            time.sleep(1.0)
-        yield proc
-    finally:
-        stop_process_group(proc)
+    it (its whole process group: vLLM forks workers) when the block exits.
 
-
-def stop_process_group(proc: subprocess.Popen[bytes], grace_s: float = 30.0) -> None:
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    The server listens on 127.0.0.1 (``vllm_serve_command``) at ``base_url``'s port;
+    failing to start raises ``ServerUnavailable``, which the stage reports."""
+    url = urlparse(base_url)
+    server = VllmServer(
+        cmd, url.port or 8000, log_path, startup_timeout_s, SHUTDOWN_TIMEOUT_S,
+        timeout_key="data.server.startup_timeout_s",
+        health_path=url.path.rstrip("/") + "/models", error=ServerUnavailable,
+    )  # fmt: skip
+    with server:
+        assert server.proc is not None
+        yield server.proc
 
 
 # --------------------------------------------------------------------------- cache

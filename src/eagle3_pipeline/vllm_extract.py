@@ -10,8 +10,8 @@ before the final norm (speculators' ``launch_vllm.py`` appends it the same way).
 ``hs_{i}.safetensors``. We then validate every file against its row and convert it to
 ``extract.dtype``, so both backends write the same format under the same manifest.
 
-Only command construction, the server lifecycle and the file validation run without a
-GPU; the rest is exercised on a GPU machine.
+Only command construction and the file validation (and the server lifecycle, in
+``vllm_server``) run without a GPU; the rest is exercised on a GPU machine.
 """
 
 from __future__ import annotations
@@ -19,16 +19,10 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
-import signal
-import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from .config import Config, ServingConfig
@@ -47,6 +41,7 @@ from .hidden_states import (
 )
 from .runner import StageError
 from .target import TargetSpec
+from .vllm_server import VllmServer, child_process
 
 log = logging.getLogger(__name__)
 
@@ -133,122 +128,6 @@ def client_command(cfg: Config, spec: TargetSpec, prepared: Path, out: Path) -> 
     ]
 
 
-class _Interrupted(Exception):
-    pass
-
-
-def _raise_on_sigterm(signum: int, _frame: FrameType | None) -> None:
-    raise _Interrupted(f"signal {signum}")
-
-
-class VllmServer:
-    """A ``vllm serve`` process that is always shut down: on normal exit, on an error, on
-    Ctrl-C and on SIGTERM (DVC or a scheduler stopping the stage), so GPU memory is freed.
-
-    It runs in its own process group; shutdown sends SIGTERM to the group, waits, then
-    SIGKILLs it (vLLM's engine and TP workers are children of the API process)."""
-
-    def __init__(
-        self,
-        cmd: Sequence[str],
-        port: int,
-        log_file: Path,
-        startup_timeout_s: float,
-        shutdown_timeout_s: float,
-        health_path: str = "/health",
-    ) -> None:
-        self.cmd = list(cmd)
-        self.url = f"http://127.0.0.1:{port}"
-        self.health_url = self.url + health_path
-        self.log_file = Path(log_file)
-        self.startup_timeout_s = startup_timeout_s
-        self.shutdown_timeout_s = shutdown_timeout_s
-        self.proc: subprocess.Popen[bytes] | None = None
-        self._old_sigterm: Any = None
-
-    def __enter__(self) -> VllmServer:
-        self.log_file.parent.mkdir(parents=True, exist_ok=True)
-        self._old_sigterm = signal.signal(signal.SIGTERM, _raise_on_sigterm)
-        try:
-            with open(self.log_file, "ab") as logfh:
-                self.proc = subprocess.Popen(
-                    self.cmd, stdout=logfh, stderr=subprocess.STDOUT, start_new_session=True
-                )
-            self.wait_healthy()
-        except BaseException:
-            self.shutdown()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.shutdown()
-
-    def log_tail(self, n: int = 20) -> str:
-        with contextlib.suppress(OSError):
-            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-n:])
-        return ""
-
-    def wait_healthy(self) -> None:
-        assert self.proc is not None
-        deadline = time.monotonic() + self.startup_timeout_s
-        while time.monotonic() < deadline:
-            rc = self.proc.poll()
-            if rc is not None:
-                raise StageError(
-                    f"vllm serve exited with {rc} before becoming healthy (log {self.log_file}):\n"
-                    f"{self.log_tail()}"
-                )
-            with contextlib.suppress(urllib.error.URLError, OSError):
-                with urllib.request.urlopen(self.health_url, timeout=5) as resp:
-                    if resp.status == 200:
-                        return
-            time.sleep(1.0)
-        raise StageError(
-            f"vllm serve not healthy after {self.startup_timeout_s:.0f}s "
-            f"(extract.vllm.startup_timeout_s; log {self.log_file})"
-        )
-
-    def shutdown(self) -> None:
-        proc, self.proc = self.proc, None
-        try:
-            if proc is not None and proc.poll() is None:
-                _kill_group(proc, signal.SIGTERM)
-                try:
-                    proc.wait(timeout=self.shutdown_timeout_s)
-                except subprocess.TimeoutExpired:
-                    log.warning("vllm serve ignored SIGTERM for %.0fs: killing",
-                                self.shutdown_timeout_s)
-                    _kill_group(proc, signal.SIGKILL)
-                    proc.wait()
-            if proc is not None:  # stray workers of the group, even if the leader exited
-                _kill_group(proc, signal.SIGKILL)
-        finally:
-            if self._old_sigterm is not None:
-                signal.signal(signal.SIGTERM, self._old_sigterm)
-                self._old_sigterm = None
-
-
-def _kill_group(proc: subprocess.Popen[bytes], sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)
-
-
-@contextlib.contextmanager
-def _child(cmd: Sequence[str]) -> Iterator[subprocess.Popen[bytes]]:
-    """A child process that is terminated if we leave early (error or Ctrl-C)."""
-    proc = subprocess.Popen(list(cmd), start_new_session=True)
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            _kill_group(proc, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                _kill_group(proc, signal.SIGKILL)
-                proc.wait()
-
-
 # --------------------------------------------------------------------------- files
 
 
@@ -322,10 +201,11 @@ def extract_vllm(cfg: Config) -> dict[str, Any]:
                 serve_command(cfg, spec, ex.model_dir.resolve(), staging.resolve()),
                 cfg.extract.vllm.port, Path(cfg.extract.vllm.log_file),
                 cfg.extract.vllm.startup_timeout_s, cfg.extract.vllm.shutdown_timeout_s,
+                timeout_key="extract.vllm.startup_timeout_s",
             )
             with server:
                 g0 = time.perf_counter()
-                with _child(client_command(cfg, spec, rows.path.resolve(), out.resolve())) as proc:
+                with child_process(client_command(cfg, spec, rows.path.resolve(), out.resolve())) as proc:
                     rc = proc.wait()
                 gen_wall = time.perf_counter() - g0
                 if rc != 0:

@@ -21,17 +21,15 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import signal
-import subprocess
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from .vllm_server import VllmServer
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +39,7 @@ COUNTERS = {
     "accepted": "vllm:spec_decode_num_accepted_tokens",
 }
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+SHUTDOWN_TIMEOUT_S = 60.0  # SIGTERM to SIGKILL
 
 
 class VllmError(RuntimeError):
@@ -240,71 +239,6 @@ def complete(base_url: str, model: str, prompt_ids: Sequence[int], max_tokens: i
 # --------------------------------------------------------------------------- the server
 
 
-class VllmServer:
-    """``vllm serve`` in its own session; always stopped (the whole process group) on exit,
-    error or Ctrl-C, so no engine process keeps holding a GPU after the stage."""
-
-    def __init__(self, cmd: Sequence[str], port: int, log_file: str | Path,
-                 startup_timeout_s: float = 1800.0, shutdown_timeout_s: float = 60.0) -> None:
-        self.cmd = list(cmd)
-        self.base_url = f"http://127.0.0.1:{port}"
-        self.log_file = Path(log_file)
-        self.startup_timeout_s = startup_timeout_s
-        self.shutdown_timeout_s = shutdown_timeout_s
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def __enter__(self) -> VllmServer:
-        self.log_file.parent.mkdir(parents=True, exist_ok=True)
-        log.info("starting: %s (log: %s)", " ".join(self.cmd), self.log_file)
-        with open(self.log_file, "ab") as fh:
-            self.proc = subprocess.Popen(self.cmd, stdout=fh, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
-        try:
-            self.wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def wait_ready(self) -> None:
-        deadline = time.monotonic() + self.startup_timeout_s
-        while time.monotonic() < deadline:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise VllmError(f"vllm serve exited with code {self.proc.returncode} while "
-                                f"starting; see {self.log_file}")
-            try:
-                fetch_text(f"{self.base_url}/health", timeout=5)
-                return
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-                time.sleep(2)
-        raise VllmError(f"vllm serve not ready after {self.startup_timeout_s:.0f} s; "
-                        f"see {self.log_file}")
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        proc, self.proc = self.proc, None
-        for sig, wait in ((signal.SIGTERM, self.shutdown_timeout_s), (signal.SIGKILL, 30.0)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                proc.wait(timeout=wait)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        # anything left in the group (engine workers) goes too
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
 def run_vllm_validation(
     cmd: Sequence[str],
     port: int,
@@ -316,15 +250,19 @@ def run_vllm_validation(
     startup_timeout_s: float = 1800.0,
 ) -> dict[str, Any]:
     """Start the server, scrape, send every prompt (greedy), scrape again; the delta."""
-    with VllmServer(cmd, port, log_file, startup_timeout_s) as server:
-        before = scrape(server.base_url)
+    log.info("starting: %s (log: %s)", " ".join(cmd), log_file)
+    # VllmError, not StageError: the stage reports it as "vLLM validation failed"
+    server = VllmServer(cmd, port, log_file, startup_timeout_s, SHUTDOWN_TIMEOUT_S,
+                        timeout_key="validate.vllm_startup_timeout_s", error=VllmError)
+    with server:
+        before = scrape(server.url)
         t0 = time.perf_counter()
         with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
             outs = list(pool.map(
-                lambda ids: complete(server.base_url, served_model_name, ids, max_new_tokens),
+                lambda ids: complete(server.url, served_model_name, ids, max_new_tokens),
                 prompts))
         wall = time.perf_counter() - t0
-        after = scrape(server.base_url)
+        after = scrape(server.url)
     figures = after.minus(before).figures()
     figures.update({
         "prompts": len(prompts),
