@@ -61,8 +61,8 @@ def setup(tiny_target: Path, single_thread: None) -> Setup:
 
     from eagle3_pipeline.corpus import builtin_conversations
     from eagle3_pipeline.data import render_ids
-    from eagle3_pipeline.stages.validate import stop_token_ids
     from eagle3_pipeline.target import load_target_spec
+    from eagle3_pipeline.validation import stop_token_ids
 
     spec = load_target_spec(tiny_target / "data" / "target" / "target.json")
     spec = dataclasses.replace(spec, path=str(tiny_target / spec.path))

@@ -221,7 +221,8 @@ def test_heldout_is_drawn_first_and_training_sets_are_prefixes():
 def test_stage_outputs_heldout_stability_and_prefix_rows(workdir):
     from datasets import load_from_disk
 
-    from eagle3_pipeline.stages.prepare import heldout_path, prepare, prepared_dir, run
+    from eagle3_pipeline.preparation import heldout_path, prepare, prepared_dir
+    from eagle3_pipeline.stages.prepare import run
 
     base = ("data.regenerate=false",)
     run(_cfg(*base, "train.samples=12"), progress=False)

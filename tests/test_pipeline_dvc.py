@@ -140,6 +140,24 @@ def test_repro_end_to_end_then_cached_then_train_only_change(repo_copy: Path):
     assert changed == {"train", "validate"}, changed
     assert lock3["train"]["params"]["params.yaml"]["train"]["lr"] == 0.002
 
+    # more training conversations: prepare onward reruns, the held-out prompts stay
+    # byte-identical, and extraction only computes the new rows
+    heldout = (repo_copy / "data/heldout/prompts.jsonl").read_bytes()
+    rows_before = json.loads((repo_copy / "metrics/prepare.json").read_text())["rows"]
+    _run(repo_copy, "git", "add", "-A")
+    _run(repo_copy, "git", "commit", "-qm", "lr run")
+    samples = REDUCED["train"]["samples"] + 6
+    _dvc(repo_copy, "exp", "run", "-S", f"train.samples={samples}")
+    lock4 = _lock(repo_copy)
+    assert _changed(lock3, lock4) - {"preflight"} == {"prepare", "extract", "train", "validate"}
+    assert (repo_copy / "data/heldout/prompts.jsonl").read_bytes() == heldout
+    prepared = json.loads((repo_copy / "metrics/prepare.json").read_text())
+    assert prepared["conversations_train"] == samples and prepared["rows"] > rows_before
+    extracted = json.loads((repo_copy / "metrics/extract.json").read_text())
+    assert extracted["samples_reused"] == rows_before
+    assert extracted["samples_written"] == prepared["rows"] - rows_before
+    lock3 = lock4
+
     # a typo in -S is refused by the schema before any stage runs
     bad = subprocess.run(
         [sys.executable, "-m", "dvc", "exp", "run", "-S", "train.sampels=5"],

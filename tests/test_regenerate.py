@@ -326,7 +326,7 @@ def test_stage_regenerates_through_the_server_backend(tiny_target, server, tmp_p
     from datasets import load_from_disk
 
     from eagle3_pipeline.config import load_config
-    from eagle3_pipeline.stages.prepare import prepare, prepared_dir
+    from eagle3_pipeline.preparation import prepare, prepared_dir
 
     shutil.copytree(REPO / "conf", tmp_path / "conf")
     (tmp_path / "data").mkdir()

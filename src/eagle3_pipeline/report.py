@@ -210,3 +210,15 @@ def model_card(m: dict[str, Any]) -> str:
         "(preflight -> target -> prepare -> extract -> train -> validate).",
     ]
     return "\n".join(front + lines) + "\n"
+
+
+def validation_files(m: dict[str, Any]) -> dict[str, bytes]:
+    """data/validate/'s files by name: report.md, README.md (the model card), acceptance.png."""
+    acc = m["acceptance"]
+    title = (f"{m['target']['name']}: acceptance length {acc['acceptance_length'] or 0:.2f} "
+             f"at K={acc['k']}")
+    return {
+        "report.md": markdown_report(m).encode("utf-8"),
+        "README.md": model_card(m).encode("utf-8"),
+        "acceptance.png": acceptance_png(acc, title),
+    }

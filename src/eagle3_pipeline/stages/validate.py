@@ -9,229 +9,30 @@ checkpoint validator finds errors, or when float32 speculative decoding is not l
 
 from __future__ import annotations
 
-import json
 import logging
-from pathlib import Path
-from typing import Any
 
-from ..config import Config, ConfigError
+from ..config import Config
 from ..io import atomic_dir, atomic_write_json, remove_path
-from ..runner import StageError, metrics_path, run_stage
+from ..report import validation_files
+from ..runner import run_stage
+from ..validation import paths, runtime, validate_draft
 
 log = logging.getLogger(__name__)
 
 
-def paths(cfg: Config) -> dict[str, Path]:
-    data = Path(cfg.data_dir)
-    return {
-        "target_json": data / "target" / "target.json",
-        "draft": data / "draft",
-        "prompts": data / "heldout" / "prompts.jsonl",
-        "out": data / "validate",
-        "train_metrics": metrics_path(cfg, "train"),
-        "metrics": metrics_path(cfg, "validate"),
-    }
-
-
-def runtime(cfg: Config) -> tuple[str, str]:
-    v = cfg.validate
-    device = v.device or cfg.hardware.device
-    if device not in ("cpu", "cuda"):
-        raise ConfigError(f"validate.device={device!r} is not cpu or cuda")
-    dtype = v.dtype or ("float32" if device == "cpu" else cfg.model.dtype)
-    if dtype not in ("float32", "bfloat16", "float16"):
-        raise ConfigError(f"validate.dtype={dtype!r} is not float32, bfloat16 or float16")
-    if v.max_new_tokens < 1:
-        raise ConfigError(f"validate.max_new_tokens={v.max_new_tokens} must be >= 1")
-    if v.num_prompts is not None and v.num_prompts < 1:
-        raise ConfigError(f"validate.num_prompts={v.num_prompts} must be >= 1 or null")
-    if v.k is not None and v.k < 1:
-        raise ConfigError(f"validate.k={v.k} must be >= 1 or null")
-    return device, dtype
-
-
-def train_gpu_reading(path: Path) -> dict[str, Any] | None:
-    """The train stage's NVML reading after its workers exited (key ``gpu``)."""
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: not valid JSON ({exc.msg})") from None
-    return data.get("gpu") or data.get("gpu_after_exit")
-
-
-def stop_token_ids(model_dir: str | Path) -> list[int]:
-    from ..draft import REASONING_MARKER_CANDIDATES, special_token_ids
-
-    return sorted({tid for name, tid in special_token_ids(model_dir).items()
-                   if name not in REASONING_MARKER_CANDIDATES})
-
-
-def check_checkpoint(draft_dir: Path, spec: Any) -> dict[str, Any]:
-    from ..checkpoint import validate_checkpoint
-
-    report = validate_checkpoint(draft_dir, spec, verifier_dir=spec.path)
-    for line in report.format().splitlines():
-        log.info("checkpoint: %s", line)
-    if not report.ok:
-        raise StageError(f"{draft_dir}: the checkpoint validator found "
-                         f"{len(report.errors)} error(s): "
-                         + "; ".join(f.line() for f in report.errors[:3]))
-    return {
-        "ok": report.ok,
-        "errors": len(report.errors),
-        "warnings": len(report.warnings),
-        "speculative_tokens": report.facts.get("speculative_tokens"),
-        "serve_command": report.serve_command,
-        "findings": [f.line() for f in report.findings if f.level != "info"],
-    }
-
-
-def measure_acceptance(cfg: Config, spec: Any, draft_dir: Path, prompts_path: Path, k: int,
-                       device: str, dtype: str) -> dict[str, Any]:
-    import torch
-
-    from ..acceptance import SpeculatorsDraft, Target, load_prompts, measure
-    from ..compat import load_draft
-
-    v = cfg.validate
-    prompts = load_prompts(prompts_path, spec.vocab_size)
-    if v.num_prompts is not None:
-        prompts = prompts[: v.num_prompts]
-    target = Target.load(spec, dtype, device, cfg.hardware.gpu_count)
-    try:
-        model = load_draft(draft_dir, spec.path, attn_implementation="sdpa", device=device)
-        draft = SpeculatorsDraft(model, device=target.device, dtype=getattr(torch, dtype))
-        result, _ = measure(target, draft, prompts, k, v.max_new_tokens,
-                            stop_token_ids(spec.path), check_lossless=True, progress=True)
-    finally:
-        target.close()
-    return result.to_dict()
-
-
-def measure_vllm(cfg: Config, spec: Any, draft_dir: Path, prompts_path: Path,
-                 k: int) -> dict[str, Any]:
-    from ..acceptance import load_prompts
-    from ..vllm_validate import VllmError, run_vllm_validation, serve_command
-
-    v, s = cfg.validate, cfg.hardware.serving
-    prompts = load_prompts(prompts_path, spec.vocab_size)
-    if v.num_prompts is not None:
-        prompts = prompts[: v.num_prompts]
-    cmd = serve_command(
-        spec.path or spec.hub_id, draft_dir, k, port=v.vllm_port,
-        tensor_parallel_size=s.tensor_parallel_size,
-        pipeline_parallel_size=s.pipeline_parallel_size,
-        data_parallel_size=s.data_parallel_size,
-        enable_expert_parallel=s.enable_expert_parallel,
-        gpu_memory_utilization=s.gpu_memory_utilization, max_model_len=s.max_model_len,
-        trust_remote_code=spec.trust_remote_code, extra_args=v.vllm_extra_args,
-    )
-    try:
-        out = run_vllm_validation(cmd, v.vllm_port, [p.prompt_ids for p in prompts],
-                                  v.max_new_tokens, v.vllm_log_file,
-                                  concurrency=v.vllm_concurrency,
-                                  startup_timeout_s=v.vllm_startup_timeout_s)
-    except (VllmError, OSError) as exc:
-        raise StageError(f"vLLM validation failed: {exc}") from None
-    out.pop("completions", None)
-    return out
-
-
 def run(cfg: Config) -> None:
-    from .. import report as rep
-    from ..target import load_target_spec
-
     p = paths(cfg)
-    device, dtype = runtime(cfg)
+    device, dtype = runtime(cfg)  # a config error leaves the last outputs in place
     for stale in (p["metrics"], p["out"]):
         remove_path(stale)
-    if not p["target_json"].is_file():
-        raise FileNotFoundError(f"{p['target_json']}: not found (run the target stage)")
-    if not (p["draft"] / "config.json").is_file():
-        raise FileNotFoundError(f"{p['draft']}/config.json: not found (run the train stage)")
-    spec = load_target_spec(p["target_json"])
-
-    checkpoint = check_checkpoint(p["draft"], spec)
-    gpu = train_gpu_reading(p["train_metrics"])
-    for line in rep.gpu_lines(gpu):
-        log.info("%s", line.lstrip("- "))
-    k = cfg.validate.k or int(checkpoint["speculative_tokens"])
-    acc = measure_acceptance(cfg, spec, p["draft"], p["prompts"], k, device, dtype)
-    if acc["lossless"] is False and dtype == "float32" and cfg.validate.require_lossless:
-        d = acc["divergences"][0]
-        raise StageError(
-            f"speculative decoding differs from plain greedy decoding in float32 on "
-            f"{len(acc['divergences'])} prompt(s) (first: prompt {d['prompt']} at token "
-            f"{d['position']}, top-2 margin {d['top2_margin']}): a decoding bug"
-        )
-    vllm = measure_vllm(cfg, spec, p["draft"], p["prompts"], k) if cfg.validate.vllm else None
-
-    train_metrics = (json.loads(p["train_metrics"].read_text(encoding="utf-8"))
-                     if p["train_metrics"].is_file() else {})
-    metrics: dict[str, Any] = {
-        "checkpoint_ok": checkpoint["ok"],
-        "checkpoint_errors": checkpoint["errors"],
-        "checkpoint_warnings": checkpoint["warnings"],
-        "acceptance_length": acc["acceptance_length"],
-        "vllm_style_acceptance_length": acc["vllm_style_acceptance_length"],
-        "per_position_rate": acc["per_position_rate"],
-        "per_position_conditional": acc["per_position_conditional"],
-        "accepted_per_pos": acc["accepted_per_pos"],
-        "k": k,
-        "prompts": acc["prompts"],
-        "tokens": acc["tokens"],
-        "verification_steps": acc["steps"],
-        "max_new_tokens": acc["max_new_tokens"],
-        "lossless": acc["lossless"],
-        "lossless_prompts": acc["lossless_prompts"],
-        "divergences": acc["divergences"],
-        "device": device,
-        "dtype": dtype,
-        "gpu_after_train": gpu if gpu else {"mode": "unknown"},
-        "gpu_released": (None if not gpu or gpu.get("mode") == "not applicable"
-                         else bool(gpu.get("clean"))),
-    }
-    if vllm is not None:
-        metrics["vllm_mean_acceptance_length"] = vllm["mean_acceptance_length"]
-        metrics["vllm"] = vllm
-    context = {
-        "draft_dir": str(p["draft"]),
-        "target": {"id": spec.hub_id or f"{spec.name} (local: {spec.path})",
-                   "hub_id": spec.hub_id, "revision": spec.revision,
-                   "vllm_architecture": spec.vllm_architecture,
-                   "aux_layer_ids": spec.aux_layer_ids},
-        "checkpoint": checkpoint,
-        "gpu": gpu,
-        "acceptance": acc,
-        "vllm": vllm,
-        "device": device,
-        "dtype": dtype,
-        "seed": cfg.seed,
-        "data": {"source": cfg.data.source, "path": cfg.data.path,
-                 "license": _licence(cfg), "regenerate": cfg.data.regenerate},
-        "train": train_metrics,
-        "versions": rep.package_versions(),
-    }
+    metrics, context = validate_draft(cfg, device, dtype)
     with atomic_dir(p["out"]) as tmp:
-        (tmp / "report.md").write_text(rep.markdown_report(context), encoding="utf-8")
-        (tmp / "README.md").write_text(rep.model_card(context), encoding="utf-8")
-        (tmp / "acceptance.png").write_bytes(rep.acceptance_png(
-            acc, f"{spec.name}: acceptance length {acc['acceptance_length'] or 0:.2f} "
-                 f"at K={k}"))
+        for name, content in validation_files(context).items():
+            (tmp / name).write_bytes(content)
     atomic_write_json(p["metrics"], metrics)
     log.info("acceptance length %.3f at K=%d (%d prompts, %d tokens, %d steps); lossless: %s",
-             acc["acceptance_length"] or 0.0, k, acc["prompts"], acc["tokens"], acc["steps"],
-             acc["lossless"])
-
-
-def _licence(cfg: Config) -> str:
-    if cfg.data.source == "builtin":
-        from ..corpus import LICENSE
-
-        return LICENSE
-    return cfg.data.license
+             metrics["acceptance_length"] or 0.0, metrics["k"], metrics["prompts"],
+             metrics["tokens"], metrics["verification_steps"], metrics["lossless"])
 
 
 def main(argv: list[str] | None = None) -> None:
