@@ -271,3 +271,182 @@ def test_tiny_llama_trains_through_the_same_path(tiny_llama_target: Path, tmp_pa
     cfg = json.loads((work / "data/draft/config.json").read_text())
     assert cfg["eagle_aux_hidden_state_layer_ids"] == json.loads(
         (work / "data/target/target.json").read_text())["aux_layer_ids"]
+
+
+# --------------------------------------------------------------------------- several workers
+
+
+def _planned_batches(work: Path, overrides: list[str], world: int) -> list[list[list[list[int]]]]:
+    """``[epoch][rank] -> batches of row ids``, from speculators' sampler as the plan has it."""
+    from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
+
+    from eagle3_pipeline.compat import strict_hidden_states_dataset
+
+    cfg = load_config(overrides)
+    t = cfg.train
+    ds = strict_hidden_states_dataset(work / "data/prepared", work / "data/hidden_states",
+                                      "train", 1.0 - t.val_fraction, t.tokens_per_step,
+                                      torch.float32)
+    plan = []
+    for epoch in range(t.epochs):
+        ranks = []
+        for rank in range(world):
+            s = MultipackDistributedBatchSamplerV2(
+                batch_max_length=t.tokens_per_step, lengths=ds.approx_lengths,
+                num_replicas=world, rank=rank, seed=cfg.seed)
+            s.set_epoch(epoch)
+            ranks.append([[int(i) for i in b] for b in s])
+        plan.append(ranks)
+    return plan
+
+
+def _process_group_alive(pgid: int) -> list[int]:
+    import psutil
+
+    alive = []
+    for pid in psutil.pids():
+        try:
+            if os.getpgid(pid) == pgid and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            continue
+    return alive
+
+
+def _check_multiprocess_run(work: Path, args: list[str], parallel: str) -> dict[str, Any]:
+    """The stage's own torchrun launch with 2 gloo workers: sharded data, rank 0's outputs,
+    a reloadable draft, no process left behind."""
+    import psutil
+
+    from eagle3_pipeline.compat import load_draft
+    from eagle3_pipeline.training import choose_parallel, plan_training
+
+    m = json.loads((work / "metrics/train.json").read_text())
+    assert m["world_size"] == 2 and m["parallel"] == parallel
+    assert m["distributed_backend"] == "gloo" and m["device"] == "cpu"
+    launcher = m["launcher"]
+    assert launcher["nproc"] == 2 and launcher["survivors"] == 0
+    if parallel == "fsdp":  # rank 0 holds about half of every parameter
+        assert 0.4 < m["local_parameter_fraction"] < 0.6
+    else:
+        assert m["local_parameter_fraction"] == 1.0
+    assert launcher["command"].startswith("torchrun --standalone --nproc_per_node=2")
+    assert _process_group_alive(launcher["process_group"]) == []
+    assert psutil.Process().children(recursive=True) == []
+
+    plan = _planned_batches(work, args, 2)
+    planned_steps = sum(min(len(r) for r in ranks) for ranks in plan)
+    assert m["steps"] == m["total_steps"] == planned_steps
+    single = sum(len(_planned_batches(work, args, 1)[e][0]) for e in range(len(plan)))
+    assert planned_steps < single  # each rank takes about half the packs
+    assert len(m["data_parallel"]) == len(plan)
+    for rec, ranks in zip(m["data_parallel"], plan, strict=True):
+        rows = [{i for b in r for i in b} for r in ranks]
+        assert rows[0] and rows[1] and not rows[0] & rows[1]  # the plan shards the rows
+        assert rec["rows_per_rank"] == [len(r) for r in rows]  # and each rank trained on them
+        assert rec["rows_on_several_ranks"] == 0
+        assert rec["rows_seen"] == len(rows[0] | rows[1]) <= rec["train_rows"]
+
+    p = plan_training(load_config(args))
+    from eagle3_pipeline.draft import estimate_parameters
+
+    assert estimate_parameters(p.shape, len(p.spec.aux_layer_ids), 512,
+                               p.spec.vocab_size)[0] == m["trainable_parameters"]
+    assert choose_parallel(load_config(args), p.shape, p.spec, 2)[0] == parallel
+    assert (work / "plots/train/curves.png").is_file()
+    cfg = json.loads((work / "data/draft/config.json").read_text())
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == p.spec.aux_layer_ids
+    draft = load_draft(work / "data/draft", work / "data/target/model")
+    assert draft.d2t.shape[0] == 512
+    assert all(torch.isfinite(t).all() for t in draft.state_dict().values()
+               if t.is_floating_point())
+    return m
+
+
+def test_two_cpu_workers_run_the_torchrun_path(kimi_data: Path, run_in) -> None:
+    """``train.nproc=2`` on CPU: the stage's own launcher starts ``torchrun
+    --nproc_per_node 2`` (gloo), the same launch that runs one worker per GPU on CUDA."""
+    from eagle3_pipeline.stages.train import main
+
+    work = run_in(kimi_data)
+    args = [*REDUCED, "train.epochs=2", "train.nproc=2", "train.parallel=auto"]
+    main(args)
+    m = _check_multiprocess_run(work, args, "ddp")
+    assert m["parallel_reason"].startswith("auto: ")
+    assert m["val_loss"] < m["val_loss_untrained"]
+
+
+def test_fsdp_on_two_cpu_workers_checkpoints_and_resumes(kimi_data: Path, run_in) -> None:
+    """FSDP2 (``fully_shard``) with gloo: the resumable state and the draft are gathered on
+    rank 0; a killed run resumes from the gathered state and ends at the planned step."""
+    from eagle3_pipeline.stages.train import main
+
+    work = run_in(kimi_data)
+    args = [*REDUCED, "train.epochs=2", "train.nproc=2", "train.parallel=fsdp",
+            "train.checkpoint_every_steps=2"]
+    with pytest.raises(SystemExit) as exc:
+        main([*args, "train.fail_after_steps=3"])
+    assert exc.value.code == 1
+    state = json.loads((work / "data/train_state/state.json").read_text())
+    assert state["global_step"] == 2 and not state["finished"]
+    saved = torch.load(work / "data/train_state/state.pt", weights_only=False)
+    assert saved["model"]["fc.weight"].dim() == 2  # full tensors, not shards
+    assert saved["model"]["fc.weight"].shape[1] == 3 * saved["model"]["fc.weight"].shape[0]
+    assert not (work / "data/draft").exists()
+
+    main(args)
+    m = _check_multiprocess_run(work, args, "fsdp")
+    assert m["resumed"] and m["steps_this_run"] == m["steps"] - 2
+    assert m["parallel_reason"] == "train.parallel=fsdp"
+
+
+def test_parallel_mode_selection() -> None:
+    from eagle3_pipeline.config import Config, DraftShapeConfig
+    from eagle3_pipeline.draft import estimate_parameters, resolve_draft_shape
+    from eagle3_pipeline.training import choose_parallel, dist_backend, resolve_runtime
+
+    kimi, cfg = _spec(), Config()
+    cfg.train.draft_vocab_size = 32000
+    one = resolve_draft_shape(DraftShapeConfig(), kimi)  # H=7168: ~0.8e9 trainable
+    assert 0.5e9 < estimate_parameters(one, 3, 32000, kimi.vocab_size)[0] < 1e9
+    assert choose_parallel(cfg, one, kimi, 8)[0] == "ddp"  # fits a GPU as a DDP replica
+    shape = resolve_draft_shape(DraftShapeConfig(num_layers=3), kimi)
+    trainable, frozen = estimate_parameters(shape, 3, 32000, kimi.vocab_size)
+    assert trainable > 1e9 and frozen > 1e9
+    mode, reason = choose_parallel(cfg, shape, kimi, 8)
+    assert mode == "fsdp" and "fsdp_min_params" in reason
+    assert choose_parallel(cfg, shape, kimi, 1) == ("none", "one process")
+    cfg.train.parallel = "ddp"
+    assert choose_parallel(cfg, shape, kimi, 8) == ("ddp", "train.parallel=ddp")
+
+    llama = _spec(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8,
+                  head_dim=128, intermediate_size=14336, attention="standard", moe=False,
+                  vocab_size=128256)
+    small = resolve_draft_shape(DraftShapeConfig(), llama)
+    cfg = Config()
+    cfg.train.draft_vocab_size = 32000
+    mode, reason = choose_parallel(cfg, small, llama, 8)
+    assert mode == "ddp" and "trainable parameters" in reason
+    cfg.hardware.device, cfg.hardware.gpu_memory_mib = "cuda", 8192  # the replica won't fit
+    mode, reason = choose_parallel(cfg, small, llama, 8)
+    assert mode == "fsdp" and "gpu_memory_mib=8192" in reason
+    cfg.hardware.gpu_memory_mib = 141 * 1024
+    assert choose_parallel(cfg, small, llama, 8)[0] == "ddp"
+    cfg.train.fsdp_min_params = 100_000_000
+    assert choose_parallel(cfg, small, llama, 8)[0] == "fsdp"
+
+    assert dist_backend("cuda") == "nccl" and dist_backend("cpu") == "gloo"
+    cfg = Config()
+    cfg.train.nproc = 2
+    rt = resolve_runtime(cfg)
+    assert rt.device == "cpu" and rt.world_size == 2 and rt.launched
+    cfg.train.nproc = None
+    assert not resolve_runtime(cfg).launched
+    cfg.hardware.device, cfg.hardware.gpu_count = "cuda", 1
+    assert resolve_runtime(cfg).launched and resolve_runtime(cfg).world_size == 1
+    cfg.train.nproc = 4
+    with pytest.raises(ConfigError, match="exceeds hardware.gpu_count=1"):
+        resolve_runtime(cfg)
+    cfg.train.nproc, cfg.train.parallel = None, "zero3"
+    with pytest.raises(ConfigError, match="train.parallel='zero3'"):
+        resolve_runtime(cfg)

@@ -258,6 +258,15 @@ class TrainConfig:
     attn_implementation: str | None = None  # sdpa | eager | simple_flex_attention
     loss_implementation: str | None = None  # eager | fused (null: fused on CUDA)
     max_steps: int | None = None  # stop early (benchmarks, smoke tests)
+    # Worker processes on this node. null: one per GPU of the hardware profile on CUDA, and
+    # training in the stage's own process on CPU. N > 1 on CPU starts the same torchrun
+    # launch as on GPUs with the gloo backend (how the multi-process path is tested).
+    nproc: int | None = None
+    # Data parallelism across workers: ddp | fsdp (FSDP2 fully_shard) | auto = fsdp when
+    # the draft's trainable parameters reach fsdp_min_params or DDP's replicated weights,
+    # gradients and AdamW state would not fit the profile's GPU memory, else ddp.
+    parallel: str = "auto"
+    fsdp_min_params: int = 1_000_000_000
     # Test-only fault: exit with an error after this many optimizer steps of this run.
     fail_after_steps: int | None = None
 

@@ -112,6 +112,31 @@ def resolve_draft_shape(draft: DraftShapeConfig, spec: TargetSpec) -> DraftShape
     )
 
 
+def estimate_parameters(shape: DraftShape, n_aux: int, draft_vocab_size: int,
+                        target_vocab_size: int) -> tuple[int, int]:
+    """``(trainable, frozen)`` parameter counts of the ``Eagle3DraftModel`` this shape
+    builds, without building it (the train stage picks DDP or FSDP from them).
+
+    Trainable: ``fc`` (n_aux * H -> H), the decoder layers (the first one's q/k/v read
+    2 * H: embeddings and hidden state; it also has ``hidden_norm``; qwen3 adds q/k norms)
+    and the final norm. Frozen (speculators 0.9 loads them from the target and does not
+    train them): the embeddings (target vocab x H), the draft ``lm_head`` and the
+    ``verifier_lm_head`` (the target's lm_head rows for the draft vocab, draft vocab x H
+    each) and the verifier's final norm. A test checks the count against the built model.
+    """
+    h, hd = shape.hidden_size, shape.head_dim
+    q, kv = shape.num_attention_heads * hd, shape.num_key_value_heads * hd
+
+    def layer(first: bool) -> int:
+        inp = 2 * h if first else h
+        norms = 2 * h + (h if first else 0) + (2 * hd if shape.layer_type == "qwen3" else 0)
+        return inp * (q + 2 * kv) + q * h + 3 * h * shape.intermediate_size + norms
+
+    trainable = n_aux * h * h + sum(layer(i == 0) for i in range(shape.num_layers)) + h
+    frozen = target_vocab_size * h + 2 * draft_vocab_size * h + h
+    return trainable, frozen
+
+
 def check_train_config(train: TrainConfig, spec: TargetSpec) -> DraftShape:
     """Refuse settings that cannot train a usable draft for this target; return its shape."""
     if train.speculative_tokens < 1:

@@ -135,7 +135,8 @@ def commands(cfg: Config, target: TargetInfo, overrides: list[str]) -> dict[str,
     else:
         out["extract"] = "python -m eagle3_pipeline.stages.extract --params params.yaml"
     hw = cfg.hardware
-    if cuda and (hw.gpu_count > 1 or hw.nodes > 1):
+    nproc = cfg.train.nproc or hw.gpu_count  # what the train stage launches per node
+    if cuda and (nproc > 1 or hw.nodes > 1):
         worker_out = str(paths.state / "rank0_metrics.json")
         train_args = ["-m", TRAIN_WORKER, "--params", "params.yaml", "--out", worker_out]
         if hw.nodes > 1:
@@ -145,7 +146,7 @@ def commands(cfg: Config, target: TargetInfo, overrides: list[str]) -> dict[str,
                         "torchrun",
                         f"--nnodes {hw.nodes}",
                         f"--node_rank {rank}",
-                        f"--nproc_per_node {hw.gpu_count}",
+                        f"--nproc_per_node {nproc}",
                         "--master_addr $MASTER_ADDR",
                         f"--master_port {MASTER_PORT}",
                         *train_args,
@@ -158,7 +159,7 @@ def commands(cfg: Config, target: TargetInfo, overrides: list[str]) -> dict[str,
             out["train"] = [
                 f"python -m {TRAIN_STAGE} --params params.yaml   # launches:",
                 _line(
-                    ["torchrun", "--standalone", f"--nproc_per_node {hw.gpu_count}", *train_args]
+                    ["torchrun", "--standalone", f"--nproc_per_node {nproc}", *train_args]
                 ),
             ]
     else:

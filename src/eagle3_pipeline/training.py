@@ -1,4 +1,4 @@
-"""The EAGLE-3 draft's training: one loop for CPU, one GPU and torchrun (DDP).
+"""The EAGLE-3 draft's training: one loop for CPU, one GPU and torchrun (DDP or FSDP2).
 
 Design decision -- a lean loop over speculators' parts, not speculators' ``Trainer``:
 everything that defines what the draft learns is speculators' code, used as is: the
@@ -21,6 +21,18 @@ sm_12x) and the fused loss when Triton is present; it always runs in worker proc
 started by ``torchrun`` (the stage launches it), so that the stage can read NVML after
 the workers have exited.
 
+Several workers (``torchrun``, started by the stage): the backend follows the device
+(nccl on CUDA, gloo on CPU; ``train.nproc=N`` runs N CPU workers, which is how the
+multi-process path is tested on a machine without GPUs). Each rank reads its own share
+of every epoch's packed batches (speculators' multipack sampler, ``num_replicas`` =
+world size); ``train.parallel`` picks DDP or FSDP2 (``fully_shard`` on each decoder layer
+and on the draft, speculators' ``apply_fully_sharded`` recipe; ``auto`` = FSDP for large
+drafts, see :func:`choose_parallel`). FSDP2 runs on CPU with gloo in torch 2.14 (checked:
+all-gather, reduce-scatter, clip_grad_norm_ on DTensors and the full state-dict
+gather/scatter of ``torch.distributed.checkpoint.state_dict``), so the FSDP path is tested
+on CPU too. Under FSDP the resumable state and the saved draft are gathered into a full
+state dict on rank 0 (a collective: every rank takes part, rank 0 writes).
+
 Resume: ``data/train_state/state.pt`` holds the trainable weights, optimizer, scheduler,
 step, RNG states and a fingerprint of everything that shapes the run; a state whose
 fingerprint differs, or that finished, is ignored. The noise is drawn from a generator
@@ -39,7 +51,7 @@ import random
 import resource
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -102,10 +114,25 @@ class Runtime:
     attn_implementation: str | None  # None: decided on the worker (needs the GPU)
     loss_implementation: str | None
     world_size: int  # worker processes (GPUs) on this node
+    parallel: str = "none"  # none (one process) | ddp | fsdp; set by plan_training
+
+    @property
+    def launched(self) -> bool:
+        """Whether the stage runs the workers under torchrun (always on CUDA, so that it
+        can read NVML after they exited; on CPU when ``train.nproc`` > 1)."""
+        return self.device == "cuda" or self.world_size > 1
+
+
+PARALLEL_CHOICES = ("auto", "ddp", "fsdp")
+# auto picks FSDP when DDP's per-GPU replica (weights + grads + AdamW state + frozen
+# weights) would take more than this share of the profile's GPU memory: the rest is for
+# activations of tokens_per_step tokens through the TTT unroll and the CUDA context.
+DDP_MEMORY_SHARE = 0.6
 
 
 def resolve_runtime(cfg: Config) -> Runtime:
-    """Device, dtype, attention and loss: ``train.*`` overrides, else the hardware profile."""
+    """Device, dtype, attention, loss and worker count: ``train.*`` overrides, else the
+    hardware profile. The parallel mode needs the draft's shape: :func:`plan_training`."""
     t, hw = cfg.train, cfg.hardware
     device = t.device or hw.device
     if device not in ("cpu", "cuda"):
@@ -122,8 +149,50 @@ def resolve_runtime(cfg: Config) -> Runtime:
     loss_impl = t.loss_implementation or ("eager" if device == "cpu" else None)
     if loss_impl not in (None, "eager", "fused"):
         raise ConfigError(f"train.loss_implementation={loss_impl!r} is not eager or fused")
-    world = max(1, hw.gpu_count) if device == "cuda" else 1
+    if t.nproc is not None and t.nproc < 1:
+        raise ConfigError(f"train.nproc={t.nproc} must be >= 1 (or null)")
+    if device == "cuda":
+        world = t.nproc or max(1, hw.gpu_count)
+        if hw.gpu_count and world > hw.gpu_count:
+            raise ConfigError(f"train.nproc={world} exceeds hardware.gpu_count={hw.gpu_count} "
+                              "(one worker per GPU)")
+    else:
+        world = t.nproc or 1
+    if t.parallel not in PARALLEL_CHOICES:
+        raise ConfigError(f"train.parallel={t.parallel!r} is not auto, ddp or fsdp")
     return Runtime(device, dtype, attn, loss_impl, world)
+
+
+def choose_parallel(cfg: Config, shape: DraftShape, spec: TargetSpec,
+                    world: int) -> tuple[str, str]:
+    """``(mode, reason)``: none for one process, else ``train.parallel`` or, for auto,
+    fsdp when the draft is large, ddp otherwise.
+
+    Large: the trainable parameter count (:func:`draft.estimate_parameters`) reaches
+    ``train.fsdp_min_params``, or DDP's per-GPU footprint -- 16 bytes per trainable
+    parameter (fp32 weight, gradient, two AdamW moments) plus 4 per frozen one (the
+    target's embeddings, its lm_head rows, norms) -- exceeds ``DDP_MEMORY_SHARE`` of
+    ``hardware.gpu_memory_mib`` (CUDA profiles that state it).
+    """
+    from .draft import estimate_parameters
+
+    t, hw = cfg.train, cfg.hardware
+    if world <= 1:
+        return "none", "one process"
+    if t.parallel != "auto":
+        return t.parallel, f"train.parallel={t.parallel}"
+    trainable, frozen = estimate_parameters(shape, len(spec.aux_layer_ids),
+                                            t.draft_vocab_size, spec.vocab_size)
+    if trainable >= t.fsdp_min_params:
+        return "fsdp", (f"auto: {trainable:,} trainable parameters >= "
+                        f"train.fsdp_min_params={t.fsdp_min_params:,}")
+    ddp_mib = (16 * trainable + 4 * frozen) / 2**20
+    device = t.device or hw.device
+    if device == "cuda" and hw.gpu_memory_mib and ddp_mib > DDP_MEMORY_SHARE * hw.gpu_memory_mib:
+        return "fsdp", (f"auto: a DDP replica needs ~{ddp_mib:,.0f} MiB per GPU, more than "
+                        f"{DDP_MEMORY_SHARE:.0%} of hardware.gpu_memory_mib={hw.gpu_memory_mib}")
+    return "ddp", (f"auto: {trainable:,} trainable parameters, ~{ddp_mib:,.0f} MiB per "
+                   "DDP replica")
 
 
 def target_dir(spec: TargetSpec) -> Path:
@@ -228,6 +297,7 @@ class Plan:
     n_rows: int
     required_tokens: dict[str, int]
     fingerprint: str
+    parallel_reason: str = "one process"
 
 
 def plan_training(cfg: Config, paths: TrainPaths | None = None) -> Plan:
@@ -235,6 +305,9 @@ def plan_training(cfg: Config, paths: TrainPaths | None = None) -> Plan:
     spec = load_target_spec(paths.target_json)
     shape = check_train_config(cfg.train, spec)
     runtime = resolve_runtime(cfg)
+    nodes = max(1, cfg.hardware.nodes) if runtime.device == "cuda" else 1
+    mode, reason = choose_parallel(cfg, shape, spec, runtime.world_size * nodes)
+    runtime = replace(runtime, parallel=mode)
     tdir = target_dir(spec)
     n_rows = count_rows(paths.prepared)
     n_val = n_rows - int(n_rows * (1 - cfg.train.val_fraction))
@@ -246,7 +319,7 @@ def plan_training(cfg: Config, paths: TrainPaths | None = None) -> Plan:
     check_hidden_states(paths.hidden_states, spec, n_rows)
     required = special_token_ids(tdir)
     fp = fingerprint(cfg, spec, shape, n_rows, runtime)
-    return Plan(spec, shape, runtime, paths, n_rows, required, fp)
+    return Plan(spec, shape, runtime, paths, n_rows, required, fp, reason)
 
 
 def fingerprint(cfg: Config, spec: TargetSpec, shape: DraftShape, n_rows: int,
@@ -288,8 +361,26 @@ def init_distributed(device: str) -> Dist:
              int(os.environ["WORLD_SIZE"]))
     if device == "cuda":
         torch.cuda.set_device(d.local_rank)
-    dist.init_process_group(backend="nccl" if device == "cuda" else "gloo")
+    dist.init_process_group(backend=dist_backend(device))
     return d
+
+
+def dist_backend(device: str) -> str:
+    """The process-group backend follows the device: nccl on CUDA, gloo on CPU."""
+    return "nccl" if device == "cuda" else "gloo"
+
+
+def _all_reduce_ints(values: list[int], d: Dist, op: str = "sum") -> list[int]:
+    """An all-reduce of small integer vectors (gloo and nccl; CPU tensors for gloo)."""
+    if d.world <= 1:
+        return list(values)
+    import torch
+    import torch.distributed as dist
+
+    device = "cpu" if dist.get_backend() == "gloo" else f"cuda:{d.local_rank}"
+    t = torch.tensor(values, dtype=torch.int64, device=device)
+    dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN}[op])
+    return [int(v) for v in t.tolist()]
 
 
 def _all_reduce(values: dict[str, float], d: Dist, device: Any) -> dict[str, float]:
@@ -360,6 +451,8 @@ class DraftTrainer:
         self.loss_impl = rt.loss_implementation or self._cuda_loss()
         self.autocast_dtype = getattr(torch, rt.dtype) if rt.dtype != "float32" else None
         self.hs_dtype = getattr(torch, rt.dtype)
+        # a process group started outside the stage (a hand-run torchrun) still gets DDP
+        self.parallel = (rt.parallel if rt.parallel != "none" else "ddp") if d.world > 1 else "none"
         self.model = self._build_model()
         self.train_ds = self._dataset("train")
         self.val_ds = self._dataset("val")
@@ -369,11 +462,13 @@ class DraftTrainer:
         self.total_steps = sum(self.steps_per_epoch)
         if self.t.max_steps is not None:
             self.total_steps = min(self.total_steps, self.t.max_steps)
+        self._wrap()
         self._setup_optimizer()
         self.global_step = 0
         self.history = History()
         self.val_loss_untrained: float | None = None
         self.val_untrained: dict[str, Any] | None = None
+        self.sharding: list[dict[str, Any]] = []  # per epoch: which rank trained on which rows
 
     # -- construction
 
@@ -424,7 +519,17 @@ class DraftTrainer:
             num_replicas=self.d.world, rank=self.d.rank, seed=self.cfg.seed,
         )
         sampler.set_epoch(epoch if train else 0)
-        return [[int(i) for i in b] for b in sampler]
+        batches = [[int(i) for i in b] for b in sampler]
+        if self.d.world > 1:
+            # every rank must take the same number of steps (DDP's gradient all-reduce and
+            # FSDP's all-gathers are collectives); the sampler packs in rounds of one batch
+            # per rank, so this only trims if it ever left a rank short
+            n = _all_reduce_ints([len(batches)], self.d, op="min")[0]
+            if n < len(batches):
+                log.warning("rank %d: %d of its %d batches dropped to match the other ranks",
+                            self.d.rank, len(batches) - n, len(batches))
+            batches = batches[:n]
+        return batches
 
     def _loader(self, ds: Any, batches: list[list[int]]) -> Any:
         from speculators.models.eagle3.data import shift_batch
@@ -453,12 +558,40 @@ class DraftTrainer:
             self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _s: 1.0)
         else:
             raise ConfigError(f"train.scheduler={self.t.scheduler!r} is not cosine, linear or none")
+
+    def _wrap(self) -> None:
+        """DDP or FSDP2 around the draft (before the optimizer: FSDP replaces parameters)."""
         self.ddp_model = self.model
-        if self.d.world > 1:
+        if self.parallel == "ddp":
             from torch.nn.parallel import DistributedDataParallel
 
             ids = [self.d.local_rank] if self.device.type == "cuda" else None
             self.ddp_model = DistributedDataParallel(self.model, device_ids=ids)
+        elif self.parallel == "fsdp":
+            self._shard()
+
+    def _shard(self) -> None:
+        """speculators' recipe (``Trainer._setup_model_fsdp`` + ``apply_fully_sharded``):
+        ``fully_shard`` each decoder layer, then the draft; rank 0's weights are broadcast
+        so every rank starts from the same draft. Parameters keep float32 master copies;
+        on bf16 runs FSDP gathers them in bf16 and reduces gradients in float32."""
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+        )
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        full = self.model.state_dict() if self.d.main else {}
+        mp = MixedPrecisionPolicy(param_dtype=self.autocast_dtype, reduce_dtype=torch.float32)
+        for layer in self.model.layers:
+            fully_shard(layer, mp_policy=mp)
+        fully_shard(self.model, mp_policy=mp)
+        set_model_state_dict(self.model, full, options=StateDictOptions(
+            full_state_dict=True, broadcast_from_rank0=True, strict=False))
+        del full
+        dist.barrier()
 
     # -- one step
 
@@ -536,16 +669,61 @@ class DraftTrainer:
         sums = _all_reduce(sums, self.d, self.device)
         return summarize(sums, self.k)
 
+    def _record_sharding(self, epoch: int, seen: list[int]) -> None:
+        """Per epoch: rows each rank trained on, and how many rows more than one rank
+        trained on (0 when the data is sharded)."""
+        n = len(self.train_ds)
+        counts = [0] * n
+        for i in seen:
+            counts[i] += 1
+        per_rank = [0] * self.d.world
+        per_rank[self.d.rank] = len(seen)
+        total = _all_reduce_ints(counts + per_rank, self.d)
+        counts, per_rank = total[:n], total[n:]
+        self.sharding.append({
+            "epoch": epoch,
+            "rows_per_rank": per_rank,
+            "rows_seen": sum(1 for c in counts if c),
+            "rows_on_several_ranks": sum(1 for c in counts if c > 1),
+            "train_rows": n,
+        })
+
     # -- state
+
+    def full_state_dict(self) -> dict[str, Any]:
+        """The draft's full state dict on CPU. Under FSDP a collective: every rank must
+        call it; rank 0 gets the gathered tensors, the others an empty dict."""
+        if self.parallel != "fsdp":
+            return {n: t.detach().cpu() for n, t in self.model.state_dict().items()}
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(self.model, options=StateDictOptions(
+            full_state_dict=True, cpu_offload=True))
 
     def _trainable_state(self) -> dict[str, Any]:
         names = {n for n, p in self.model.named_parameters() if p.requires_grad}
-        return {n: t.detach().cpu() for n, t in self.model.state_dict().items() if n in names}
+        return {n: t for n, t in self.full_state_dict().items() if n in names}
+
+    def _optimizer_state(self) -> dict[str, Any]:
+        """Under FSDP the full (unsharded, FQN-keyed) optimizer state, gathered on rank 0."""
+        if self.parallel != "fsdp":
+            return self.optimizer.state_dict()
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_optimizer_state_dict,
+        )
+
+        return get_optimizer_state_dict(self.model, self.optimizer, options=StateDictOptions(
+            full_state_dict=True, cpu_offload=True))
 
     def save_state(self, epoch: int, step_in_epoch: int, finished: bool = False) -> None:
         import numpy as np
         import torch
 
+        if self.parallel != "fsdp" and not self.d.main:
+            return
+        # under FSDP these gather: every rank takes part, rank 0 writes
+        model_state, optim_state = self._trainable_state(), self._optimizer_state()
         if not self.d.main:
             return
         state = {
@@ -555,12 +733,13 @@ class DraftTrainer:
             "step_in_epoch": step_in_epoch,
             "total_steps": self.total_steps,
             "finished": finished,
-            "model": self._trainable_state(),
-            "optimizer": self.optimizer.state_dict(),
+            "model": model_state,
+            "optimizer": optim_state,
             "scheduler": self.scheduler.state_dict(),
             "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
                     "python": random.getstate()},
             "history": asdict(self.history),
+            "sharding": self.sharding,
             "val_untrained": self.val_untrained,
         }
         buf = io.BytesIO()
@@ -590,18 +769,31 @@ class DraftTrainer:
         if state.get("finished"):
             log.info("%s: a finished run; training again from scratch", path)
             return None
-        missing, _unexpected = self.model.load_state_dict(state["model"], strict=False)
         trainable = {n for n, p in self.model.named_parameters() if p.requires_grad}
-        if trainable & set(missing):
+        if trainable - set(state["model"]):  # the same verdict on every rank (same file)
             log.warning("%s: weights missing; training from scratch", path)
             return None
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.parallel == "fsdp":  # every rank read the full state: each keeps its shard
+            from torch.distributed.checkpoint.state_dict import (
+                StateDictOptions,
+                set_model_state_dict,
+                set_optimizer_state_dict,
+            )
+
+            opts = StateDictOptions(full_state_dict=True, strict=False)
+            set_model_state_dict(self.model, state["model"], options=opts)
+            set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"],
+                                     options=StateDictOptions(full_state_dict=True))
+        else:
+            self.model.load_state_dict(state["model"], strict=False)
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["rng"]["torch"])
         np.random.set_state(state["rng"]["numpy"])
         random.setstate(state["rng"]["python"])
         self.global_step = int(state["global_step"])
         self.history = History(**state["history"])
+        self.sharding = list(state.get("sharding", []))
         self.val_untrained = state.get("val_untrained")
         self.val_loss_untrained = (self.val_untrained or {}).get("loss")
         log.info("resuming from %s at step %d (epoch %d, step %d of it)", path,
@@ -636,7 +828,12 @@ class DraftTrainer:
                 break
             batches = self._batches(self.train_ds, epoch, train=True)
             step_in_epoch = skip if epoch == start_epoch else 0
-            for batch in self._loader(self.train_ds, batches[step_in_epoch:]):
+            todo = batches[step_in_epoch:]
+            # a resumed epoch's first batches were trained by the killed run, on this rank
+            # (the fingerprint guarantees the same plan)
+            seen = [i for b in batches[:step_in_epoch] for i in b]
+            for rows, batch in zip(todo, self._loader(self.train_ds, todo), strict=True):
+                seen.extend(rows)
                 t0 = time.perf_counter()
                 out = self.train_step(batch, self.global_step)
                 sums = _all_reduce(out["sums"], self.d, self.device)
@@ -665,6 +862,7 @@ class DraftTrainer:
                     )
                 if done:
                     break
+            self._record_sharding(epoch, seen)
             if step_in_epoch == len(batches) or done:
                 val = self.validate()
                 self.history.epochs.append({
@@ -688,10 +886,14 @@ class DraftTrainer:
 # --------------------------------------------------------------------------- outputs
 
 
-def save_draft(model: Any, out_dir: Path, speculative_tokens: int) -> dict[str, Any]:
-    """``save_pretrained`` into ``out_dir`` atomically; return the written config."""
+def save_draft(model: Any, out_dir: Path, speculative_tokens: int,
+               state_dict: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``save_pretrained`` into ``out_dir`` atomically; return the written config.
+
+    ``state_dict``: the full weights when the model is FSDP-sharded (gathered on rank 0,
+    as speculators' ``DistributedCheckpointer`` does); None = the model's own."""
     with atomic_dir(out_dir) as tmp:
-        model.save_pretrained(str(tmp))
+        model.save_pretrained(str(tmp), state_dict=state_dict)
         cfg_path = tmp / "config.json"
         config = json.loads(cfg_path.read_text(encoding="utf-8"))
         # Written explicitly: vLLM's defaults differ from speculators' or are absent.
@@ -742,6 +944,14 @@ def write_plots(history: History, plots: Path, k: int) -> None:
     atomic_write_bytes(plots / "curves.png", buf.getvalue())
 
 
+def _local_fraction(model: Any) -> float:
+    total = local = 0
+    for p in model.parameters():
+        total += p.numel()
+        local += p.to_local().numel() if hasattr(p, "to_local") else p.numel()
+    return local / total if total else 1.0
+
+
 def train(cfg: Config, progress: bool = True) -> dict[str, Any]:
     """Train (or resume) the draft; on rank 0 write data/draft, plots and the metrics.
 
@@ -753,9 +963,12 @@ def train(cfg: Config, progress: bool = True) -> dict[str, Any]:
     try:
         trainer = DraftTrainer(cfg, plan, d, progress=progress)
         result = trainer.run()
+        # under FSDP a gather (every rank), rank 0 saves; else the model's own state dict
+        full = trainer.full_state_dict() if trainer.parallel == "fsdp" else None
         if not d.main:
             return {}
-        config = save_draft(trainer.model, plan.paths.draft, cfg.train.speculative_tokens)
+        config = save_draft(trainer.model, plan.paths.draft, cfg.train.speculative_tokens,
+                            state_dict=full)
         write_plots(trainer.history, plan.paths.plots, trainer.k)
         val = result["val"]
         untrained = trainer.val_loss_untrained
@@ -781,6 +994,10 @@ def train(cfg: Config, progress: bool = True) -> dict[str, Any]:
             "attn_implementation": trainer.attn,
             "loss_implementation": trainer.loss_impl,
             "world_size": d.world,
+            "parallel": trainer.parallel,
+            "parallel_reason": plan.parallel_reason if d.world > 1 else "one process",
+            "distributed_backend": dist_backend(plan.runtime.device) if d.world > 1 else None,
+            "data_parallel": trainer.sharding,
             "hardware": cfg.hardware.name,
             "draft_shape": plan.shape.to_dict(),
             "draft_vocab_size": cfg.train.draft_vocab_size,
@@ -788,6 +1005,8 @@ def train(cfg: Config, progress: bool = True) -> dict[str, Any]:
             "aux_layer_ids": config.get("eagle_aux_hidden_state_layer_ids"),
             "trainable_parameters": sum(
                 p.numel() for p in trainer.model.parameters() if p.requires_grad),
+            # share of the parameters rank 0 holds: 1 unsharded, ~1/world under FSDP
+            "local_parameter_fraction": _local_fraction(trainer.model),
             "train_rows": len(trainer.train_ds),
             "val_rows": len(trainer.val_ds),
         }

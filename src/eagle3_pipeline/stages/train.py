@@ -4,7 +4,8 @@ Writes data/draft/ (speculators format, what validate loads), data/train_state/ 
 state; DVC `persist`), plots/train/ (steps.tsv, epochs.tsv, curves.png) and
 metrics/train.json. On CPU it trains in this process; on CUDA it launches torchrun with one
 worker per GPU of the hardware profile and, once they have exited, records NVML's view of
-the GPUs (memory back to preflight's reading, no process left holding a GPU).
+the GPUs (memory back to preflight's reading, no process left holding a GPU). With
+``train.nproc=N`` (N > 1) on CPU it starts the same torchrun launch, N gloo workers.
 """
 
 from __future__ import annotations
@@ -49,12 +50,29 @@ def gpu_reading(cfg: Config) -> dict[str, Any]:
     }
 
 
-def launch_torchrun(cfg: Config, nproc: int) -> dict[str, Any]:
-    """Run the workers under torchrun (DDP) and return rank 0's metrics.
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of process group ``pgid``, from /proc (Linux)."""
+    found = []
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()  # state, ppid, pgrp, ...
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            found.append(int(entry.name))
+    return found
+
+
+def launch_torchrun(cfg: Config, nproc: int, device: str = "cuda") -> dict[str, Any]:
+    """Run the workers under torchrun and return rank 0's metrics (+ ``launcher``).
 
     The workers get the exact resolved config as a params file. torchrun runs in its own
     session so that, on error or Ctrl-C, the whole process group is terminated: no worker
-    survives the stage.
+    survives the stage. ``launcher.survivors`` counts the group's processes still alive
+    once torchrun returned (killed then; 0 is the expected reading).
     """
     from omegaconf import OmegaConf
 
@@ -68,7 +86,12 @@ def launch_torchrun(cfg: Config, nproc: int) -> dict[str, Any]:
             "--params", str(params), "--out", str(out),
         ]
         log.info("launching: %s", " ".join(cmd))
-        proc = subprocess.Popen(cmd, start_new_session=True)
+        env = dict(os.environ)
+        if device == "cpu" and "OMP_NUM_THREADS" not in env:
+            # torchrun's default is 1 thread per worker; CPU workers share the cores
+            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
+        proc = subprocess.Popen(cmd, start_new_session=True, env=env)
+        survivors: list[int] = []
         try:
             rc = proc.wait()
         except BaseException:
@@ -81,13 +104,25 @@ def launch_torchrun(cfg: Config, nproc: int) -> dict[str, Any]:
             raise
         finally:
             # torchrun reaps its workers; anything left in the group is killed here
+            survivors = group_members(proc.pid)
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        if survivors:
+            log.warning("killed %d process(es) left in torchrun's group: %s",
+                        len(survivors), survivors)
         if rc != 0:
             raise StageError(f"training workers failed (torchrun exit code {rc}); see above")
-        return json.loads(out.read_text(encoding="utf-8"))
+        metrics = json.loads(out.read_text(encoding="utf-8"))
+        metrics["launcher"] = {
+            "command": f"torchrun --standalone --nproc_per_node={nproc} "
+                       "-m eagle3_pipeline.training",
+            "nproc": nproc,
+            "process_group": proc.pid,
+            "survivors": len(survivors),
+        }
+        return metrics
 
 
 def run(cfg: Config) -> None:
@@ -95,11 +130,13 @@ def run(cfg: Config) -> None:
 
     try:
         plan = training.plan_training(cfg)  # every refusal before any process starts
-        if plan.runtime.device == "cuda":
-            metrics = launch_torchrun(cfg, plan.runtime.world_size)
-            metrics["gpu"] = gpu_reading(cfg)
+        if plan.runtime.launched:
+            metrics = launch_torchrun(cfg, plan.runtime.world_size, plan.runtime.device)
         else:
             metrics = training.train(cfg)
+        if plan.runtime.device == "cuda":
+            metrics["gpu"] = gpu_reading(cfg)
+        else:
             metrics["gpu"] = {"mode": "not applicable", "reason": "trained on CPU"}
     except (training.TrainingError, training.SimulatedFailure) as exc:
         raise StageError(str(exc)) from None
