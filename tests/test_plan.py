@@ -134,13 +134,15 @@ def test_kimi_serving_weights_int4_experts(tmp_path):
 
 
 def test_time_assumptions_and_measured_replacement(tmp_path):
-    cfg = cfg_for(tmp_path, *KIMI, "train.samples=1000")
+    cfg = cfg_for(tmp_path, *KIMI, "train.samples=1000", "train.epochs=10")
     s = resources.estimate_storage(cfg, resources.load_target(cfg.model))
     ext, trn = resources.estimate_time(cfg, s)
     # the seed workflow: 10 epochs over 1,000 samples at ~6 steps/s is ~28 minutes
     assert trn.seconds == pytest.approx(10 * 1000 / 6.0) and trn.source.startswith("assumption")
     assert ext.seconds == pytest.approx(s.total_tokens / 2900.0)
-    write_metrics(cfg, "train", {"steps_per_s": 10.0, "hardware": "rtx_pro_6000_x8"})
+    # the train stage measures tokens/s: 10 conversations/s worth of tokens
+    tokens_per_s = 10.0 * s.tokens_per_conversation
+    write_metrics(cfg, "train", {"tokens_per_s": tokens_per_s, "hardware": "rtx_pro_6000_x8"})
     write_metrics(cfg, "extract", {"tokens_per_s": 5000.0, "hardware": "cpu"})
     ext, trn = resources.estimate_time(cfg, s)
     assert trn.seconds == pytest.approx(1000.0) and trn.source.startswith("measured")

@@ -236,8 +236,8 @@ class DraftShapeConfig:
 class TrainConfig:
     # Number of training conversations (the design card's `dvc exp run -S train.samples=N`).
     samples: int = 240
-    epochs: int = 10
-    lr: float = 1.0e-3
+    epochs: int = 20
+    lr: float = 3.0e-3
     speculative_tokens: int = 3  # TTT steps the draft is unrolled over (>= 1)
     draft_vocab_size: int = 1024
     draft: DraftShapeConfig = field(default_factory=DraftShapeConfig)

@@ -619,7 +619,7 @@ def _measured(cfg: Config, stage: str, key: str) -> tuple[float, str] | None:
     m = read_metrics(cfg, stage)
     if not m or _hardware_name(m) != cfg.hardware.name:
         return None
-    model = m.get("model")
+    model = m.get("model", m.get("target"))
     if isinstance(model, dict):
         model = model.get("name")
     if model is not None and model != cfg.model.name:
@@ -631,17 +631,25 @@ def _measured(cfg: Config, stage: str, key: str) -> tuple[float, str] | None:
 
 
 def estimate_time(cfg: Config, storage: StorageEstimate) -> tuple[TimeEstimate, TimeEstimate]:
-    """Extraction (tokens / tokens per s) and training (epochs x samples steps / steps per
-    s, one step per conversation per epoch as the seed workflow counted them)."""
+    """Extraction: tokens / tokens per s. Training: epochs x samples conversations at a rate
+    in conversations per s -- the unit the seed workflow reported ("steps" of one
+    conversation). A measured rate comes from the train stage's ``tokens_per_s`` (it packs
+    many conversations per optimizer step, so its own steps/s is not comparable), divided
+    by the tokens per conversation of this estimate."""
     tp = cfg.hardware.throughput
     ext = _measured(cfg, "extract", "tokens_per_s") or (
         tp.extract_tokens_per_s,
         f"assumption: hardware.throughput.extract_tokens_per_s ({tp.source})",
     )
-    trn = _measured(cfg, "train", "steps_per_s") or (
-        tp.train_steps_per_s,
-        f"assumption: hardware.throughput.train_steps_per_s ({tp.source})",
-    )
+    measured = _measured(cfg, "train", "tokens_per_s")
+    per_conv = storage.tokens_per_conversation
+    if measured and per_conv > 0:
+        trn = (measured[0] / per_conv, f"{measured[1]} / {per_conv:,.0f} tokens per conversation")
+    else:
+        trn = (
+            tp.train_steps_per_s,
+            f"assumption: hardware.throughput.train_steps_per_s ({tp.source})",
+        )
     steps = float(cfg.train.epochs * cfg.train.samples)
     return (
         TimeEstimate(

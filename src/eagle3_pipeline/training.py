@@ -999,6 +999,7 @@ def train(cfg: Config, progress: bool = True) -> dict[str, Any]:
             "distributed_backend": dist_backend(plan.runtime.device) if d.world > 1 else None,
             "data_parallel": trainer.sharding,
             "hardware": cfg.hardware.name,
+            "model": cfg.model.name,
             "draft_shape": plan.shape.to_dict(),
             "draft_vocab_size": cfg.train.draft_vocab_size,
             "required_tokens": plan.required_tokens,
