@@ -245,7 +245,7 @@ class TrainConfig:
     warmup_ratio: float = 0.05
     weight_decay: float = 0.01
     grad_clip: float = 1.0  # max grad norm; 0 = off
-    tokens_per_step: int = 2048  # packed tokens per optimizer step (per GPU)
+    tokens_per_step: int = 1024  # packed tokens per optimizer step (per GPU)
     ttt_step_loss_decay: float = 1.0
     loss: str = "kl_div"  # any speculators loss name
     # Uniform noise U(-a/2, a/2) added to the input hidden states, training only (EAGLE).
