@@ -245,7 +245,7 @@ def train_model(
         opt.step()
         sched.step()
         loss_val = loss.detach().item()
-        bar.set_postfix(loss=f"{loss_val:.3f}")
+        bar.set_postfix(loss=f"{loss_val:.3f}", refresh=False)
     model.eval()
     wall = time.perf_counter() - t0
     return {"final_train_loss": loss_val, "train_wall_s": wall, "train_steps": settings.train_steps}

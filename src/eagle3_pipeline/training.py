@@ -813,7 +813,7 @@ class DraftTrainer:
         else:
             start_epoch, skip = resume
         bar = tqdm(total=self.total_steps, initial=self.global_step, desc="train draft",
-                   unit="step", disable=not (self.progress and self.d.main))
+                   unit="step", mininterval=1.0, disable=not (self.progress and self.d.main))
         try:
             return self._loop(bar, start_epoch, skip)
         finally:
@@ -850,7 +850,7 @@ class DraftTrainer:
                     "lr": out["lr"], "tokens_per_s": sums["tokens_sum"] / dt if dt else 0.0,
                 })
                 bar.update(1)
-                bar.set_postfix(loss=f"{row['loss']:.3f}", acc0=f"{row['accuracy_per_position'][0]:.2f}")
+                bar.set_postfix(loss=f"{row['loss']:.3f}", acc0=f"{row['accuracy_per_position'][0]:.2f}", refresh=False)
                 done = self.global_step >= self.total_steps
                 end_of_epoch = step_in_epoch == len(batches)
                 if not (done or end_of_epoch) and self.global_step % max(1, self.t.checkpoint_every_steps) == 0:
