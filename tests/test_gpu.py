@@ -6,6 +6,7 @@ import dataclasses
 from types import SimpleNamespace
 
 import pytest
+from machines import BLACKWELL, rtx
 
 from eagle3_pipeline import gpu
 from eagle3_pipeline.gpu import (
@@ -18,22 +19,6 @@ from eagle3_pipeline.gpu import (
     select_visible,
     snapshot,
 )
-
-BLACKWELL = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
-
-
-def rtx(i: int, used: int = 0, procs: tuple[GpuProcess, ...] = (), **kw) -> GpuInfo:
-    return GpuInfo(
-        index=i,
-        name=BLACKWELL,
-        uuid=f"GPU-{i:02d}aa1b2c-0000-1111-2222-33334444{i:04d}",
-        memory_total_mib=97887,
-        memory_used_mib=used,
-        compute_capability=(12, 0),
-        processes=procs,
-        pci_bus_id=f"00000000:{0x18 + i:02X}:00.0",
-        **kw,
-    )
 
 
 def machine(n: int = 8) -> list[GpuInfo]:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import copy
-import functools
 import json
 import shutil
 import subprocess
@@ -11,9 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from machines import cfg_for
 
 from eagle3_pipeline import plan, resources
-from eagle3_pipeline.config import Config, ConfigError, load_config
+from eagle3_pipeline.config import Config, ConfigError
 from eagle3_pipeline.gpu import MemoryReader
 from eagle3_pipeline.preflight import TorchView, run_preflight
 
@@ -22,18 +21,6 @@ CONF = REPO / "conf"
 FIXTURE = REPO / "tests" / "fixtures" / "kimi_k25"
 KIMI = ("model=kimi_k25", "hardware=rtx_pro_6000_x8", f"model.path={FIXTURE}")
 PLENTY = 10**15
-
-
-@functools.cache
-def _cfg(*overrides: str) -> Config:
-    return load_config(list(overrides), conf_dir=CONF)
-
-
-def cfg_for(tmp_path: Path, *overrides: str) -> Config:
-    cfg = copy.deepcopy(_cfg(*overrides))
-    cfg.data_dir = str(tmp_path / "data")
-    cfg.metrics_dir = str(tmp_path / "metrics")
-    return cfg
 
 
 def write_metrics(cfg: Config, stage: str, data: dict) -> None:

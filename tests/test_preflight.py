@@ -2,55 +2,28 @@
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import functools
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from machines import BLACKWELL, cfg_for, rtx
 
 from eagle3_pipeline import preflight
-from eagle3_pipeline.config import Config, load_config
+from eagle3_pipeline.config import Config
 from eagle3_pipeline.gpu import GpuInfo, GpuProcess, MemoryReader, NoGpuDriver, select_visible
 from eagle3_pipeline.preflight import TorchView, run_preflight
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
-BLACKWELL = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 VERSIONS = {"torch": "2.14.1", "transformers": "5.19.0", "speculators": "0.9.0", "vllm": None}
 PLENTY = 10**15  # bytes of free disk
 
 
-def rtx(i: int, used: int = 0, procs: tuple[GpuProcess, ...] = (), **kw) -> GpuInfo:
-    return GpuInfo(
-        index=i,
-        name=BLACKWELL,
-        uuid=f"GPU-{i:02d}aa1b2c-0000-1111-2222-33334444{i:04d}",
-        memory_total_mib=97887,
-        memory_used_mib=used,
-        compute_capability=(12, 0),
-        processes=procs,
-        **kw,
-    )
-
-
 def h200(i: int) -> GpuInfo:
     return GpuInfo(i, "NVIDIA H200", f"GPU-h200{i:04d}", 143771, 0, (9, 0))
-
-
-@functools.cache
-def _cfg(*overrides: str) -> Config:
-    return load_config(list(overrides), conf_dir=CONF)
-
-
-def cfg_for(tmp_path: Path, *overrides: str) -> Config:
-    cfg = copy.deepcopy(_cfg(*overrides))
-    cfg.data_dir = str(tmp_path / "data")
-    cfg.metrics_dir = str(tmp_path / "metrics")
-    return cfg
 
 
 def run(cfg: Config, gpus: list[GpuInfo], env: dict[str, str] | None = None, **kw):

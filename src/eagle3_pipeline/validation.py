@@ -57,7 +57,7 @@ def train_gpu_reading(path: Path) -> dict[str, Any] | None:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}: not valid JSON ({exc.msg})") from None
-    return data.get("gpu") or data.get("gpu_after_exit")
+    return data.get("gpu")
 
 
 def stop_token_ids(model_dir: str | Path) -> list[int]:

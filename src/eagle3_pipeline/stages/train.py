@@ -29,10 +29,8 @@ log = logging.getLogger(__name__)
 
 def gpu_reading(cfg: Config) -> dict[str, Any]:
     """NVML after the workers exited, compared with preflight's reading when it has one."""
-    try:
-        from .. import gpu
-    except ImportError:
-        return {"mode": "not applicable", "reason": "eagle3_pipeline.gpu is not available"}
+    from .. import gpu
+
     after = gpu.snapshot()
     if after.get("mode") != "cuda":
         return {"mode": "not applicable", "reason": after.get("reason", "no GPU")}
@@ -40,7 +38,7 @@ def gpu_reading(cfg: Config) -> dict[str, Any]:
     pre = metrics_path(cfg, "preflight")
     if pre.is_file():
         data = json.loads(pre.read_text(encoding="utf-8"))
-        before = data.get("gpu_snapshot") or data.get("snapshot")
+        before = data.get("snapshot")  # written by preflight.run_preflight
     problems = gpu.compare_snapshots(before, after) if before else []
     return {
         "after_workers_exit": after,
