@@ -42,6 +42,16 @@ def tiny_llama_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_target_workdir(tmp_path_factory.mktemp("tiny_llama"), "model=tiny_llama")
 
 
+@pytest.fixture(scope="session")
+def validate_workdir(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Kimi-K2.5 with an (untrained) draft saved as the train stage saves it and
+    three held-out prompts: what the validate stage and the vLLM tests start from. Copy it
+    before changing anything in it."""
+    from workdirs import make_workdir
+
+    return make_workdir(tiny_target, tmp_path_factory.mktemp("vllm_work"))
+
+
 @pytest.fixture
 def in_dir(tmp_path: Path):
     """chdir into a fresh directory with conf/ copied in; restore afterwards."""

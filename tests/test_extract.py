@@ -359,35 +359,15 @@ def test_stage_entrypoint_reports_bad_input_in_one_line(tiny_target, tmp_path, c
 # --------------------------------------------------------------------------- vllm
 
 
-def test_vllm_serve_command_and_configs(tiny_target):
+def test_vllm_client_command(tiny_target):
     spec = load_target_spec(tiny_target / "data/target/target.json")
-    cfg = config(tiny_target, "hardware=rtx_pro_6000_x8", "extract.backend=vllm",
-                 "extract.vllm.extra_args=[--max-num-seqs,64]")
-    cmd = V.serve_command(cfg, spec, Path("/models/kimi"), Path("/out/.vllm_staging"))
-    assert cmd[1:5] == ["-m", "vllm.entrypoints.cli.main", "serve", "/models/kimi"]
-    spec_cfg = json.loads(cmd[cmd.index("--speculative-config") + 1])
-    assert spec_cfg == {
-        "method": "extract_hidden_states",
-        "num_speculative_tokens": 1,
-        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3, 4]}},
-    }
-    kv = json.loads(cmd[cmd.index("--kv-transfer-config") + 1])
-    assert kv == {
-        "kv_connector": "ExampleHiddenStatesConnector",
-        "kv_role": "kv_producer",
-        "kv_connector_extra_config": {"shared_storage_path": "/out/.vllm_staging"},
-    }
-    assert cmd[cmd.index("--tensor-parallel-size") + 1] == "8"
-    assert cmd[cmd.index("--pipeline-parallel-size") + 1] == "1"
-    assert "--enable-expert-parallel" in cmd and cmd[-2:] == ["--max-num-seqs", "64"]
+    cfg = config(tiny_target, "hardware=rtx_pro_6000_x8", "extract.backend=vllm")
     client = V.client_command(cfg, spec, Path("/d/prepared"), Path("/d/hs"))
     assert client[1:4] == ["-m", "speculators", "generate-offline-data"]
     for flag, value in (("--preprocessed-data", "/d/prepared"), ("--output", "/d/hs"),
                         ("--model", spec.name), ("--rank", "0"), ("--world-size", "1")):
         assert client[client.index(flag) + 1] == value
     assert "--fail-on-error" in client and "--validate-outputs" in client
-    single = config(tiny_target, "hardware=h200_x1")
-    assert "--enable-expert-parallel" not in V.serve_command(single, spec, Path("/m"), Path("/s"))
     assert V._rank_rows(10, 0, 3) == [0, 1, 2, 3] and V._rank_rows(10, 2, 3) == [7, 8, 9]
 
 
@@ -424,7 +404,7 @@ def test_server_is_shut_down_on_error_and_ctrl_c(tmp_path):
     dead = VllmServer([sys.executable, "-c", "import sys; print('no gpu'); sys.exit(3)"],
                       _free_port(), tmp_path / "dead.log", 60, 5,
                       timeout_key="extract.vllm.startup_timeout_s")
-    with pytest.raises(StageError, match="exited with 3.*\n.*no gpu"):
+    with pytest.raises(StageError, match=r"exited with 3.*: no gpu \(log .*dead.log\)"):
         with dead:
             pass
 

@@ -24,7 +24,7 @@ def test_tiny_kimi_is_a_nested_kimi_k25_under_the_real_weight_names(tiny_target)
     spec = _spec(tiny_target)
     assert spec.model_type == "kimi_k25" and spec.nested and spec.text_config_key == "text_config"
     assert spec.text_model_type == "deepseek_v3" and spec.attention == "mla" and spec.moe
-    assert spec.architecture == "Kimi_K25ForConditionalGeneration"
+    assert spec.architecture == "KimiK25ForConditionalGeneration"  # the real name
     assert spec.vllm_architecture == "KimiK25ForConditionalGeneration"
     assert spec.weights == {
         "embed_tokens": "language_model.model.embed_tokens.weight",

@@ -944,15 +944,11 @@ def check_against_target(
 
 
 def serve_command(target: str, draft_dir: str, k: int) -> str:
-    """The ``vllm serve`` line that loads this draft without relying on name_or_path."""
-    spec = json.dumps(
-        {
-            "method": "eagle3",
-            "model": str(Path(draft_dir).resolve()),
-            "num_speculative_tokens": int(k),
-        },
-        separators=(",", ":"),
-    )
+    """The ``vllm serve`` line that loads this draft without relying on name_or_path (the
+    validate stage's engines add dtype, parallel sizes and workarounds to it)."""
+    from .vllm_engine import eagle3_config
+
+    spec = json.dumps(eagle3_config(Path(draft_dir).resolve(), k), separators=(",", ":"))
     return f"vllm serve {target} --speculative-config '{spec}'"
 
 

@@ -41,10 +41,11 @@ class TinyModelConfig:
     num_heads: int = 4
     intermediate_size: int = 256
     vocab_size: int = 2048
-    # MLA (kimi_k25 only)
+    # MLA (kimi_k25 only). kv_lora_rank + qk_rope_head_dim = 576 as in the real model:
+    # vLLM's CPU MLA kernel accepts no other latent width.
     q_lora_rank: int | None = 64
-    kv_lora_rank: int = 32
-    qk_rope_head_dim: int = 16
+    kv_lora_rank: int = 512
+    qk_rope_head_dim: int = 64
     qk_nope_head_dim: int = 32
     v_head_dim: int = 32
     # MoE (kimi_k25 only)
@@ -54,6 +55,10 @@ class TinyModelConfig:
     moe_intermediate_size: int = 64
     first_k_dense_replace: int = 1
     max_position_embeddings: int = 1024
+    # Rope scaling as the real model has it (yarn; null: plain rope). The tiny keeps the
+    # real beta/mscale settings and its own window: original_max * factor = max positions.
+    rope_theta: float = 50000.0
+    rope_scaling: dict[str, Any] | None = None
 
 
 @dataclass
@@ -132,7 +137,6 @@ class RegenerateServerConfig:
     # Start `vllm serve <target>` for the run and always stop it afterwards (GPU profiles);
     # false: use a server the user runs at base_url.
     start: bool = False
-    startup_timeout_s: float = 1800.0
 
 
 @dataclass
@@ -180,17 +184,28 @@ class PreflightConfig:
 
 
 @dataclass
-class ExtractVllmConfig:
-    """The ``vllm`` extraction backend: a local ``vllm serve`` driven by speculators'
-    offline generation client (parallel sizes come from ``hardware.serving``)."""
+class VllmConfig:
+    """The vLLM environment and what every vLLM engine of the run shares (extraction,
+    regeneration, validation). Parallel sizes come from ``hardware.serving``."""
 
-    port: int = 8000
+    # interpreter of the separate vLLM environment; null: $EAGLE3_VLLM_PYTHON, else
+    # .venv-vllm (made by `eagle3-vllm-env install`)
+    python: str | None = None
+    enforce_eager: bool | None = None  # null: true on CPU (compiling costs more than it saves)
+    cpu_kvcache_space_gib: float = 1.0  # CPU build only (VLLM_CPU_KVCACHE_SPACE)
     startup_timeout_s: float = 1800.0  # a 1T target takes many minutes to load
     shutdown_timeout_s: float = 60.0
+    log_dir: str = "logs"  # one log per engine: vllm_<purpose>.log
+    extra_args: list[str] = field(default_factory=list)  # appended to every `vllm serve`
+
+
+@dataclass
+class ExtractVllmConfig:
+    """The ``vllm`` extraction backend: a local ``vllm serve`` driven by speculators'
+    offline generation client (engine settings: ``vllm``, ``hardware.serving``)."""
+
+    port: int = 8000
     concurrency: int = 32  # requests in flight from speculators' client
-    enforce_eager: bool = False
-    log_file: str = "logs/extract_vllm_server.log"
-    extra_args: list[str] = field(default_factory=list)  # appended to `vllm serve`
 
 
 @dataclass
@@ -282,12 +297,14 @@ class ValidateConfig:
     dtype: str | None = None  # null: float32 on cpu, model.dtype on cuda
     # In float32 a divergence from plain greedy decoding is a bug: fail the stage.
     require_lossless: bool = True
-    vllm: bool = False  # also serve target + draft with vLLM and read its counters (GPU)
-    vllm_port: int = 8011
-    vllm_startup_timeout_s: float = 1800.0
-    vllm_concurrency: int = 8
-    vllm_log_file: str = "logs/validate_vllm_server.log"
-    vllm_extra_args: list[str] = field(default_factory=list)  # appended to `vllm serve`
+    # Serve target + draft in vLLM, read its spec-decode counters, compare them with ours,
+    # check losslessness and measure single-stream tokens/s with and without the draft.
+    vllm: bool = True
+    vllm_mode: str = "offline"  # offline (vllm.LLM in a worker) | serve (vllm serve + HTTP)
+    vllm_port: int = 8011  # serve mode
+    vllm_concurrency: int = 1  # serve mode; 1 = single stream, as the speedup is defined
+    # |vLLM's acceptance length - ours| allowed in float32 before the stage fails
+    vllm_agreement_tol: float = 0.01
 
 
 @dataclass
@@ -305,6 +322,7 @@ class Config:
     extract: ExtractConfig = field(default_factory=ExtractConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     validate: ValidateConfig = field(default_factory=ValidateConfig)
+    vllm: VllmConfig = field(default_factory=VllmConfig)
 
 
 _CHOICES: dict[str, tuple[str, ...]] = {
@@ -320,6 +338,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "hardware.train_dtype": ("bfloat16", "float16", "float32"),
     "data.regenerate_backend": ("hf", "server"),
     "extract.on_mismatch": ("refuse", "restart"),
+    "validate.vllm_mode": ("offline", "serve"),
 }
 
 

@@ -39,6 +39,7 @@ from .resources import (
     host_memory_bytes,
     load_target,
 )
+from .vllm_engine import build_engine
 
 # The train stage and the torchrun workers it launches (eagle3_pipeline.training).
 TRAIN_STAGE = "eagle3_pipeline.stages.train"
@@ -65,37 +66,13 @@ def _q(value: Any) -> str:
     return shlex.quote(str(value))
 
 
-def _target_ref(cfg: Config) -> tuple[str, list[str]]:
-    """What vLLM is pointed at: the local path when set, else the hub id at its revision."""
+def _target_ref(cfg: Config) -> str:
+    """What vLLM is pointed at: the local path when set, else the hub id (the engine adds
+    the revision and remote-code flags)."""
     m = cfg.model
     if m.tiny is not None:
-        return str(Path(cfg.data_dir) / TINY_TARGET_SUBDIR), []
-    if m.path:
-        ref, extra = m.path, []
-    else:
-        ref = m.hub_id or ""
-        extra = ["--revision", m.revision] if m.revision else []
-    if m.trust_remote_code:
-        extra.append("--trust-remote-code")
-    return ref, extra
-
-
-def _serve_args(cfg: Config) -> list[str]:
-    s = cfg.hardware.serving
-    args = ["--tensor-parallel-size", str(s.tensor_parallel_size)]
-    if s.pipeline_parallel_size > 1:
-        args += ["--pipeline-parallel-size", str(s.pipeline_parallel_size)]
-    if s.data_parallel_size > 1:
-        args += ["--data-parallel-size", str(s.data_parallel_size)]
-    if s.enable_expert_parallel:
-        args.append("--enable-expert-parallel")
-    args += [
-        "--gpu-memory-utilization",
-        str(s.gpu_memory_utilization),
-        "--max-model-len",
-        str(s.max_model_len),
-    ]
-    return args
+        return str(Path(cfg.data_dir) / TINY_TARGET_SUBDIR)
+    return m.path or m.hub_id or ""
 
 
 def _line(parts: list[str]) -> str:
@@ -108,30 +85,16 @@ def commands(cfg: Config, target: TargetInfo, overrides: list[str]) -> dict[str,
 
     data = Path(cfg.data_dir)
     paths = TrainPaths.from_config(cfg)
-    ref, target_flags = _target_ref(cfg)
+    ref = _target_ref(cfg)
     draft_dir = str(paths.draft)
     out: dict[str, Any] = {
         "pipeline": _line(["dvc", "exp", "run", *(f"-S {_q(o)}" for o in overrides)]),
     }
-    spec_extract = {
-        "method": "extract_hidden_states",
-        "num_speculative_tokens": 1,
-        "draft_model_config": {
-            "hf_config": {"eagle_aux_hidden_state_layer_ids": target.captured_layer_ids}
-        },
-    }
-    kv = {
-        "kv_connector": "ExampleHiddenStatesConnector",
-        "kv_role": "kv_producer",
-        "kv_connector_extra_config": {"shared_storage_path": str(data / VLLM_HIDDEN_STATES_SUBDIR)},
-    }
     cuda = cfg.hardware.device == "cuda"
     if cuda or cfg.extract.backend == "vllm":
-        out["extract_server"] = _line(
-            ["vllm", "serve", _q(ref), *target_flags, *_serve_args(cfg)]
-            + ["--no-enable-chunked-prefill"]
-            + ["--speculative-config", _q(spec_extract), "--kv-transfer-config", _q(kv)]
-        )
+        engine = build_engine(cfg, target.spec, ref, "extract",
+                              staging=data / VLLM_HIDDEN_STATES_SUBDIR)
+        out["extract_server"] = engine.shell(cfg.extract.vllm.port)
     else:
         out["extract"] = "python -m eagle3_pipeline.stages.extract --params params.yaml"
     hw = cfg.hardware
@@ -164,15 +127,9 @@ def commands(cfg: Config, target: TargetInfo, overrides: list[str]) -> dict[str,
             ]
     else:
         out["train"] = [f"python -m {TRAIN_STAGE} --params params.yaml"]
-    spec_serve = {
-        "method": "eagle3",
-        "model": draft_dir,
-        "num_speculative_tokens": cfg.train.speculative_tokens,
-    }
-    out["serve_draft"] = _line(
-        ["vllm", "serve", _q(ref), *target_flags, *_serve_args(cfg)]
-        + ["--speculative-config", _q(spec_serve)]
-    )
+    out["serve_draft"] = build_engine(
+        cfg, target.spec, ref, "validate", draft_dir=draft_dir, k=cfg.train.speculative_tokens
+    ).shell(cfg.validate.vllm_port)
     base = (cfg.model.hub_id or cfg.model.name).split("/")[-1]
     repo = f"YOUR_ORG/{base}-EAGLE3"  # placeholder: the account you publish under
     msg = _q(f"EAGLE-3 draft for {cfg.model.hub_id or cfg.model.name}")

@@ -351,6 +351,39 @@ def check_packages(cfg: Config, versions: dict[str, str | None]) -> Check:
     return Check("packages", not problems, reading, problems)
 
 
+def vllm_needed(cfg: Config) -> bool:
+    """Whether any stage of this run starts vLLM."""
+    return bool(cfg.validate.vllm or cfg.extract.backend == "vllm"
+                or (cfg.data.regenerate and cfg.data.regenerate_backend == "server"
+                    and cfg.data.server.start))
+
+
+def probe_vllm(cfg: Config) -> Any:
+    from .vllm_env import VllmEnvError, VllmProbe, find_python, probe
+
+    try:
+        return probe(find_python(cfg.vllm.python))
+    except VllmEnvError as exc:
+        return VllmProbe(python=str(cfg.vllm.python), error=str(exc))
+
+
+def check_vllm(cfg: Config, result: Any) -> Check:
+    """The vLLM environment imports, the CLI answers, and it is the build this hardware
+    needs (the CPU build on CPU profiles, a CUDA build on GPU profiles)."""
+    if result.error:
+        return Check("vllm", False, "missing", [
+            f"vLLM environment: {result.error}; install it with `eagle3-vllm-env install` "
+            "(or set validate.vllm=false to skip vLLM)"])
+    want_cpu = cfg.hardware.device == "cpu"
+    reading = f"vllm {result.version} ({'CPU' if result.cpu_build else 'CUDA'} build)"
+    if bool(result.cpu_build) != want_cpu:
+        return Check("vllm", False, reading, [
+            f"vLLM environment {result.python}: {reading}, but hardware={cfg.hardware.name} "
+            f"needs the {'CPU' if want_cpu else 'CUDA'} build "
+            f"(`eagle3-vllm-env install --device {'cpu' if want_cpu else 'cuda'}`)"])
+    return Check("vllm", True, reading)
+
+
 def check_disk(cfg: Config, free_fn: FreeBytesFn) -> tuple[Check, dict[str, Any]]:
     """Free space vs hidden states + checkpoint + margin (the plan's numbers)."""
     where = cfg.preflight.disk_path or cfg.data_dir
@@ -409,6 +442,7 @@ def run_preflight(
     free_fn: FreeBytesFn = free_bytes,
     versions: dict[str, str | None] | None = None,
     open_nvml: Callable[[], NvmlReader] = open_reader,
+    vllm_probe: Callable[[Config], Any] = probe_vllm,
 ) -> PreflightResult:
     """All checks. ``reader`` None: open the real NVML (absent driver -> CPU mode)."""
     env = os.environ if env is None else env
@@ -454,6 +488,10 @@ def run_preflight(
     checks.append(check_packages(cfg, vers))
     disk_check, disk_info = check_disk(cfg, free_fn)
     checks.append(disk_check)
+    vllm_reading = None
+    if vllm_needed(cfg):
+        vllm_reading = vllm_probe(cfg)
+        checks.append(check_vllm(cfg, vllm_reading))
 
     mode = "cuda" if use_gpus and visible else "cpu"
     inv = inventory(mode, visible)
@@ -475,6 +513,7 @@ def run_preflight(
         "torch": asdict(view) if view else None,
         "packages": vers,
         "disk": disk_info,
+        "vllm": vllm_reading.to_dict() if vllm_reading is not None else None,
         "checks": {
             c.name: {"passed": c.passed, "reading": c.reading, "problems": c.problems}
             for c in checks

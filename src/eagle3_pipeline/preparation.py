@@ -14,7 +14,6 @@ import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from .config import Config
 from .data import (
@@ -71,17 +70,17 @@ def server_context(
     cfg: Config, spec: Any, model_dir: Path
 ) -> contextlib.AbstractContextManager[Any]:
     """``vllm serve`` for the run when ``data.server.start``; else nothing to manage."""
-    from .regenerate import managed_server, vllm_serve_command
+    from .regenerate import managed_server
+    from .vllm_engine import build_engine, log_file
+    from .vllm_env import find_python
 
     s = cfg.data.server
     if cfg.data.regenerate_backend != "server" or not s.start:
         return contextlib.nullcontext()
-    port = urlparse(s.base_url).port or 8000
-    cmd = vllm_serve_command(str(model_dir), port, cfg.hardware.serving, spec.trust_remote_code)
-    log.info("starting: %s", " ".join(cmd))
-    return managed_server(
-        cmd, s.base_url, s.startup_timeout_s, Path(cfg.data_dir) / "logs" / "vllm_prepare.log"
-    )
+    engine = build_engine(cfg, spec, model_dir, "regenerate")
+    return managed_server(engine, find_python(cfg.vllm.python), s.base_url,
+                          cfg.vllm.startup_timeout_s, cfg.vllm.shutdown_timeout_s,
+                          log_file(cfg, "regenerate"))
 
 
 def prepare(cfg: Config, progress: bool = True) -> dict[str, Any]:

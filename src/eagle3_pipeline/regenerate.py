@@ -299,41 +299,26 @@ def parse_completion(data: Any) -> Result:
 # --------------------------------------------------------------------------- vllm serve
 
 
-def vllm_serve_command(
-    model_path: str, port: int, serving: Any, trust_remote_code: bool
-) -> list[str]:
-    cmd = [
-        "vllm", "serve", model_path,
-        "--host", "127.0.0.1",
-        "--port", str(port),
-        "--tensor-parallel-size", str(serving.tensor_parallel_size),
-        "--pipeline-parallel-size", str(serving.pipeline_parallel_size),
-        "--data-parallel-size", str(serving.data_parallel_size),
-        "--gpu-memory-utilization", str(serving.gpu_memory_utilization),
-        "--max-model-len", str(serving.max_model_len),
-        "--generation-config", "vllm",
-    ]  # fmt: skip
-    if serving.enable_expert_parallel:
-        cmd.append("--enable-expert-parallel")
-    if trust_remote_code:
-        cmd.append("--trust-remote-code")
-    return cmd
-
-
 @contextlib.contextmanager
 def managed_server(
-    cmd: list[str], base_url: str, startup_timeout_s: float, log_path: Path
+    engine: Any, python: str | Path, base_url: str, startup_timeout_s: float,
+    shutdown_timeout_s: float, log_path: Path,
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """Start a server process, wait until ``base_url/models`` answers, and ALWAYS stop
-    it (its whole process group: vLLM forks workers) when the block exits.
+    """Serve ``engine`` (an :class:`~eagle3_pipeline.vllm_engine.Engine`) with the vLLM
+    environment's ``python`` at ``base_url``'s port, wait until ``base_url/models``
+    answers, and ALWAYS stop it (its whole process group: vLLM forks workers) when the
+    block exits. Failing to start raises ``ServerUnavailable``, which the stage reports."""
+    from .vllm_env import worker_env
 
-    The server listens on 127.0.0.1 (``vllm_serve_command``) at ``base_url``'s port;
-    failing to start raises ``ServerUnavailable``, which the stage reports."""
     url = urlparse(base_url)
+    port = url.port or 8000
+    log.info("starting (log %s): %s", log_path, engine.shell(port))
     server = VllmServer(
-        cmd, url.port or 8000, log_path, startup_timeout_s, SHUTDOWN_TIMEOUT_S,
-        timeout_key="data.server.startup_timeout_s",
+        engine.serve_argv(port, (str(python), "-m", "vllm.entrypoints.cli.main")), port,
+        log_path, startup_timeout_s, shutdown_timeout_s,
+        timeout_key="vllm.startup_timeout_s",
         health_path=url.path.rstrip("/") + "/models", error=ServerUnavailable,
+        env=worker_env(engine.env),
     )  # fmt: skip
     with server:
         assert server.proc is not None

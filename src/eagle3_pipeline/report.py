@@ -125,22 +125,38 @@ def markdown_report(m: dict[str, Any]) -> str:
     ]
     v = m.get("vllm")
     if v:
-        lines += ["", "## vLLM", ""]
-        if v.get("error"):
-            lines.append(f"vLLM measurement failed: {v['error']}")
-        else:
-            lines += [
-                f"Mean acceptance length reported by vLLM: "
-                f"**{_fmt(v.get('mean_acceptance_length'))}** "
-                f"({v.get('num_drafts')} drafts, {v.get('num_accepted_tokens')} accepted "
-                f"tokens, per position {v.get('per_position_rate')}).",
-                "", f"Command: `{v.get('command')}`",
-            ]
+        lines += ["", "## In vLLM", "", *_vllm_lines(v)]
     if ck.get("serve_command"):
         lines += ["", "## Serve it", "", f"```\n{ck['serve_command']}\n```"]
     if ck.get("findings"):
         lines += ["", "## Checkpoint findings", "", "```", *ck["findings"], "```"]
     return "\n".join(lines) + "\n"
+
+
+def _vllm_lines(v: dict[str, Any]) -> list[str]:
+    per_pos = [_fmt(r) for r in v.get("per_position_rate") or []]
+    lines = [
+        f"- Acceptance length from vLLM's counters (1 + accepted/drafts): "
+        f"**{_fmt(v.get('mean_acceptance_length'))}** ({v.get('num_accepted_tokens')} "
+        f"accepted / {v.get('num_drafts')} drafts; per position "
+        f"{v.get('num_accepted_tokens_per_pos')}, rates {per_pos}); ours: "
+        f"{_fmt(v.get('ours_acceptance_length'))} (per position "
+        f"{v.get('ours_accepted_per_pos')}).",
+        f"- Lossless in vLLM (greedy with the draft == greedy without it): "
+        f"**{_fmt(v.get('lossless'))}** ({v.get('lossless_prompts')}/{v.get('prompts')} "
+        f"prompts).",
+        f"- Single-stream generation: {_fmt(v.get('tokens_per_s_without_draft'), 1)} tokens/s "
+        f"without the draft, {_fmt(v.get('tokens_per_s_with_draft'), 1)} with it: "
+        f"**{_fmt(v.get('speedup'), 2)}x** ({v.get('generated_tokens')} tokens, "
+        f"{v.get('mode')} mode, {v.get('dtype')}).",
+        "",
+        "Engines (with the draft, then the target alone):",
+        "",
+        "```",
+        *[f"{cmd}" for cmd in (v.get("commands") or {}).values()],
+        "```",
+    ]
+    return lines
 
 
 def model_card(m: dict[str, Any]) -> str:
@@ -189,9 +205,10 @@ def model_card(m: dict[str, Any]) -> str:
         f"Output identical to the target's greedy decoding: {_fmt(acc['lossless'])}.",
     ]
     v = m.get("vllm")
-    if v and not v.get("error"):
+    if v:
         lines.append(f"vLLM's own counters (1 + accepted/drafts) gave "
-                     f"{_fmt(v.get('mean_acceptance_length'))}.")
+                     f"{_fmt(v.get('mean_acceptance_length'))}; single-stream speedup in vLLM "
+                     f"{_fmt(v.get('speedup'), 2)}x ({m['dtype']} on {m['device']}).")
     lines += [
         "",
         "## Training data",

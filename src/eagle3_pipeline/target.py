@@ -110,6 +110,7 @@ class TargetSpec:
     quantization: str | None = None
     torch_dtype: str | None = None
     max_position_embeddings: int | None = None
+    rope_type: str = "default"  # default | yarn | ...: picks vLLM's rotary implementation
     rms_norm_eps: float = 1e-6
     hub_id: str | None = None
     revision: str | None = None
@@ -273,6 +274,17 @@ def has_chat_template(model_dir: Path) -> bool:
     return False
 
 
+def rope_type(text: dict[str, Any]) -> str:
+    """The rope scaling kind, in either spelling (``rope_scaling.type`` in real checkpoints,
+    ``rope_parameters.rope_type`` as transformers 5 writes it)."""
+    for key, field_ in (("rope_scaling", "type"), ("rope_scaling", "rope_type"),
+                        ("rope_parameters", "rope_type")):
+        block = text.get(key)
+        if isinstance(block, dict) and block.get(field_):
+            return str(block[field_])
+    return "default"
+
+
 def describe_config(
     config: dict[str, Any], model: ModelConfig, weight_names: list[str] | None = None
 ) -> TargetSpec:
@@ -334,6 +346,7 @@ def describe_config(
         quantization=(quant or {}).get("quant_method") if isinstance(quant, dict) else None,
         torch_dtype=_first(text, "dtype", "torch_dtype", default=config.get("torch_dtype")),
         max_position_embeddings=_first(text, "max_position_embeddings"),
+        rope_type=rope_type(text),
         rms_norm_eps=float(_first(text, "rms_norm_eps", "layer_norm_epsilon", default=1e-6)),
         hub_id=model.hub_id,
         revision=revision,

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import TargetStageConfig, TinyModelConfig
+from .io import atomic_write_json
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +143,7 @@ def build_model(shape: TinyModelConfig, tokenizer: Any, seed: int) -> Any:
         first_k_dense_replace=shape.first_k_dense_replace,
         n_group=1,
         topk_group=1,
+        rope_parameters=_rope_parameters(shape),
         **common,
     )
     vision = Kimi_K25VisionConfig(
@@ -166,6 +168,17 @@ def build_model(shape: TinyModelConfig, tokenizer: Any, seed: int) -> Any:
         tie_word_embeddings=False,
     )
     return Kimi_K25ForConditionalGeneration(cfg)
+
+
+def _rope_parameters(shape: TinyModelConfig) -> dict[str, Any]:
+    """transformers 5 spells the real ``rope_scaling: {type: yarn, ...}`` as
+    ``rope_parameters: {rope_type: yarn, rope_theta, ...}``."""
+    params: dict[str, Any] = {"rope_type": "default", "rope_theta": shape.rope_theta}
+    if shape.rope_scaling:
+        scaling = dict(shape.rope_scaling)
+        params["rope_type"] = scaling.pop("type", scaling.pop("rope_type", "default"))
+        params.update(scaling)
+    return params
 
 
 def language_model_forward(model: Any, input_ids: Any) -> Any:
@@ -285,14 +298,20 @@ def unigram_perplexity(train_ids: list[int], eval_ids: list[int], vocab: int, se
 # --------------------------------------------------------------------------- saving
 
 
-_BLOCKS = re.compile(r"^language_model\.model\.blocks\.(\d+)\.")
+# transformers 5.19's save_pretrained does not quite invert its own kimi_k25 load-time
+# renames; these put the names back where the real checkpoint (and vLLM) has them.
+_KIMI_RENAMES = (
+    # its global ``blocks -> layers`` rule is meant for the vision tower
+    (re.compile(r"^language_model\.model\.blocks\.(\d+)\."), r"language_model.model.layers.\1."),
+    (re.compile(r"^model\.mm_projector\."), "mm_projector."),
+    (re.compile(r"^vision_tower\.encoder\.patch_embed\."), "vision_tower.patch_embed."),
+)
 
 
 def _kimi_name(name: str) -> str:
-    """transformers 5.19 writes ``language_model.model.blocks.N`` (its global
-    ``blocks -> layers`` rename is meant for the vision tower); the real checkpoint
-    stores ``language_model.model.layers.N``."""
-    return _BLOCKS.sub(r"language_model.model.layers.\1.", name)
+    for pattern, repl in _KIMI_RENAMES:
+        name = pattern.sub(repl, name)
+    return name
 
 
 def rename_to_kimi_layout(model_dir: Path) -> int:
@@ -316,6 +335,86 @@ def rename_to_kimi_layout(model_dir: Path) -> int:
     return renamed
 
 
+# The real checkpoint's image-processor settings (MoonViT: 14-px patches, 2x2 merge).
+# vLLM's Kimi-K2.5 processor reads this file at start-up even for text-only requests.
+KIMI_PREPROCESSOR: dict[str, Any] = {
+    "media_proc_cfg": {
+        "in_patch_limit": 16384,
+        "patch_size": 14,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "merge_kernel_size": 2,
+        "fixed_output_tokens": None,
+        "patch_limit_on_one_side": 512,
+        "in_patch_limit_each_frame": 4096,
+        "in_patch_limit_video": None,
+        "sample_fps": 2.0,
+        "max_num_frames_each_video": None,
+        "temporal_merge_kernel_size": 4,
+        "timestamp_mode": "hh:mm:ss.fff",
+        "config_type": "image",
+    }
+}
+
+
+def kimi_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The config transformers wrote, reshaped to the real Kimi-K2.5 ``config.json``.
+
+    vLLM keys on the real architecture name (``KimiK25...``, not transformers'
+    ``Kimi_K25...``), builds ``gate.e_score_correction_bias`` only for
+    ``topk_method: noaux_tc``, and its EAGLE proposer reads
+    ``media_placeholder_token_id``. The real vision keys (``vt_*``) are added beside
+    transformers' own so both readers find what they expect; rope scaling is written in
+    the real spelling (``rope_scaling`` + ``rope_theta``), which transformers converts on
+    load.
+    """
+    out = dict(cfg)
+    text = dict(out["text_config"])
+    vision = dict(out["vision_config"])
+    out["architectures"] = ["KimiK25ForConditionalGeneration"]
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        out[key] = text[key]
+    out["ignore_index"] = -100
+    out["media_placeholder_token_id"] = out["image_token_id"]
+    out["use_unified_vision_chunk"] = True
+    out["video_placeholder"] = "<|kimi_k25_video_placeholder|>"
+    text["architectures"] = ["DeepseekV3ForCausalLM"]
+    text["topk_method"] = "noaux_tc"
+    text["scoring_func"] = "sigmoid"
+    text["moe_layer_freq"] = 1
+    text["num_nextn_predict_layers"] = 0
+    text["tie_word_embeddings"] = False
+    text["dtype"] = out.get("dtype", "float32")
+    rope = dict(text.pop("rope_parameters", None) or {})
+    text["rope_theta"] = rope.pop("rope_theta", 10000.0)
+    kind = rope.pop("rope_type", "default")
+    text["rope_scaling"] = {"type": kind, **rope} if kind != "default" else None
+    vision.update({
+        "init_pos_emb_height": vision["pos_emb_height"],
+        "init_pos_emb_width": vision["pos_emb_width"],
+        "init_pos_emb_time": vision["pos_emb_time"],
+        "pos_emb_type": "divided_fixed",
+        "merge_type": "sd2_tpool",
+        "video_attn_type": "spatial_temporal",
+        "vt_hidden_size": vision["hidden_size"],
+        "vt_intermediate_size": vision["intermediate_size"],
+        "vt_num_attention_heads": vision["num_attention_heads"],
+        "vt_num_hidden_layers": vision["num_hidden_layers"],
+        "mm_hidden_size": vision["hidden_size"],
+        "mm_projector_type": "patchmerger",
+        "projector_hidden_act": "gelu",
+        "projector_ln_eps": out.get("projection_layer_norm_eps", 1e-5),
+        "text_hidden_size": text["hidden_size"],
+    })
+    out["text_config"], out["vision_config"] = text, vision
+    return out
+
+
+def write_kimi_config(model_dir: Path) -> None:
+    path = model_dir / "config.json"
+    atomic_write_json(path, kimi_config(json.loads(path.read_text(encoding="utf-8"))))
+
+
 def save_target(model: Any, tokenizer: Any, out_dir: Path, max_shard_size: str) -> None:
     from transformers import GenerationConfig
 
@@ -327,6 +426,8 @@ def save_target(model: Any, tokenizer: Any, out_dir: Path, max_shard_size: str) 
     ).save_pretrained(out_dir)
     if getattr(model.config, "model_type", "") == "kimi_k25":
         rename_to_kimi_layout(out_dir)
+        write_kimi_config(out_dir)
+        atomic_write_json(out_dir / "preprocessor_config.json", KIMI_PREPROCESSOR)
 
 
 def load_target_model(model_dir: Path, dtype: str = "float32") -> Any:

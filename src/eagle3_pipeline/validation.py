@@ -109,33 +109,72 @@ def measure_acceptance(cfg: Config, spec: Any, draft_dir: Path, prompts_path: Pa
     return result.to_dict()
 
 
-def measure_vllm(cfg: Config, spec: Any, draft_dir: Path, prompts_path: Path,
-                 k: int) -> dict[str, Any]:
+def measure_vllm(cfg: Config, spec: Any, draft_dir: Path, prompts_path: Path, k: int,
+                 dtype: str, ours: dict[str, Any]) -> dict[str, Any]:
+    """Target + draft and target alone in real vLLM (see :mod:`eagle3_pipeline.vllm_validate`)."""
     from .acceptance import load_prompts
-    from .vllm_validate import VllmError, run_vllm_validation, serve_command
+    from .vllm_engine import build_engine, log_file
+    from .vllm_env import VllmEnvError, find_python
+    from .vllm_offline import VllmRunError, run_offline
+    from .vllm_validate import VllmError, compare, run_served
 
-    v, s = cfg.validate, cfg.hardware.serving
+    v = cfg.validate
     prompts = load_prompts(prompts_path, spec.vocab_size)
     if v.num_prompts is not None:
         prompts = prompts[: v.num_prompts]
-    cmd = serve_command(
-        spec.path or spec.hub_id, draft_dir, k, port=v.vllm_port,
-        tensor_parallel_size=s.tensor_parallel_size,
-        pipeline_parallel_size=s.pipeline_parallel_size,
-        data_parallel_size=s.data_parallel_size,
-        enable_expert_parallel=s.enable_expert_parallel,
-        gpu_memory_utilization=s.gpu_memory_utilization, max_model_len=s.max_model_len,
-        trust_remote_code=spec.trust_remote_code, extra_args=v.vllm_extra_args,
-    )
+    ids = [p.prompt_ids for p in prompts]
+    stops = stop_token_ids(spec.path)
+    model = spec.path or spec.hub_id
+    engines = {
+        "with_draft": build_engine(cfg, spec, model, "validate", dtype=dtype,
+                                   draft_dir=draft_dir, k=k),
+        "without_draft": build_engine(cfg, spec, model, "baseline", dtype=dtype),
+    }
+    runs: dict[str, dict[str, Any]] = {}
     try:
-        out = run_vllm_validation(cmd, v.vllm_port, [p.prompt_ids for p in prompts],
-                                  v.max_new_tokens, v.vllm_log_file,
-                                  concurrency=v.vllm_concurrency,
-                                  startup_timeout_s=v.vllm_startup_timeout_s)
-    except (VllmError, OSError) as exc:
+        python = find_python(cfg.vllm.python)
+        for name, engine in engines.items():
+            log_path = log_file(cfg, f"validate_{name}")
+            if v.vllm_mode == "offline":
+                runs[name] = run_offline(python, engine, ids, v.max_new_tokens, stops, log_path,
+                                         timeout_s=cfg.vllm.startup_timeout_s + 3600)
+            else:
+                runs[name] = run_served(python, engine, v.vllm_port, ids, v.max_new_tokens,
+                                        stops, log_path, cfg.vllm.startup_timeout_s,
+                                        cfg.vllm.shutdown_timeout_s, v.vllm_concurrency)
+            log.info("vLLM %s: %d tokens at %.1f tokens/s (engine ready in %.0f s)", name,
+                     runs[name]["generated_tokens"], runs[name]["tokens_per_s"] or 0.0,
+                     runs[name].get("load_s") or 0.0)
+        out = compare(ours, runs["with_draft"], runs["without_draft"], k)
+    except (VllmEnvError, VllmRunError, VllmError, OSError) as exc:
         raise StageError(f"vLLM validation failed: {exc}") from None
-    out.pop("completions", None)
+    out["mode"] = v.vllm_mode
+    out["dtype"] = dtype
+    out["commands"] = {name: e.shell(v.vllm_port) for name, e in engines.items()}
+    out["workarounds"] = {name: {"env": e.env, "compilation_config": e.compilation_config}
+                          for name, e in engines.items()}
     return out
+
+
+def check_vllm_agreement(vllm: dict[str, Any], dtype: str, cfg: Config) -> None:
+    """In float32 vLLM's acceptance length must equal ours and vLLM must be lossless."""
+    if dtype != "float32":
+        return
+    diff = vllm["acceptance_length_diff"]
+    if diff is None or abs(diff) > cfg.validate.vllm_agreement_tol:
+        raise StageError(
+            f"vLLM's acceptance length {vllm['mean_acceptance_length']} "
+            f"({vllm['num_accepted_tokens']} accepted / {vllm['num_drafts']} drafts, per "
+            f"position {vllm['num_accepted_tokens_per_pos']}) differs from ours "
+            f"{vllm['ours_acceptance_length']} (per position {vllm['ours_accepted_per_pos']}, "
+            f"{vllm['ours_verification_steps']} steps) by more than "
+            f"validate.vllm_agreement_tol={cfg.validate.vllm_agreement_tol}: vLLM does not "
+            "use the draft the way it was trained (aux layers, norms, weights)")
+    if not vllm["lossless"] and cfg.validate.require_lossless:
+        raise StageError(
+            f"vLLM's greedy output with the draft differs from its output without it on "
+            f"{len(vllm['differing_prompts'])} of {vllm['prompts']} prompts "
+            f"(first: prompt {vllm['differing_prompts'][0]}) in float32")
 
 
 def validate_draft(cfg: Config, device: str, dtype: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -164,7 +203,15 @@ def validate_draft(cfg: Config, device: str, dtype: str) -> tuple[dict[str, Any]
             f"{len(acc['divergences'])} prompt(s) (first: prompt {d['prompt']} at token "
             f"{d['position']}, top-2 margin {d['top2_margin']}): a decoding bug"
         )
-    vllm = measure_vllm(cfg, spec, p["draft"], p["prompts"], k) if cfg.validate.vllm else None
+    vllm = None
+    if cfg.validate.vllm:
+        vllm = measure_vllm(cfg, spec, p["draft"], p["prompts"], k, dtype, acc)
+        log.info("vLLM: acceptance length %s (ours %s), lossless %s, %.1f -> %.1f tokens/s "
+                 "(speedup %.2fx)", _fmt(vllm["mean_acceptance_length"]),
+                 _fmt(acc["vllm_style_acceptance_length"]), vllm["lossless"],
+                 vllm["tokens_per_s_without_draft"] or 0.0,
+                 vllm["tokens_per_s_with_draft"] or 0.0, vllm["speedup"] or 0.0)
+        check_vllm_agreement(vllm, dtype, cfg)
 
     train_metrics = (json.loads(p["train_metrics"].read_text(encoding="utf-8"))
                      if p["train_metrics"].is_file() else {})
@@ -192,7 +239,12 @@ def validate_draft(cfg: Config, device: str, dtype: str) -> tuple[dict[str, Any]
                          else bool(gpu.get("clean"))),
     }
     if vllm is not None:
-        metrics["vllm_mean_acceptance_length"] = vllm["mean_acceptance_length"]
+        metrics["vllm_acceptance_length"] = vllm["mean_acceptance_length"]
+        metrics["vllm_per_position_rate"] = vllm["per_position_rate"]
+        metrics["vllm_lossless"] = vllm["lossless"]
+        metrics["vllm_tokens_per_s_with_draft"] = vllm["tokens_per_s_with_draft"]
+        metrics["vllm_tokens_per_s_without_draft"] = vllm["tokens_per_s_without_draft"]
+        metrics["vllm_speedup"] = vllm["speedup"]
         metrics["vllm"] = vllm
     context = {
         "draft_dir": str(p["draft"]),
@@ -214,6 +266,10 @@ def validate_draft(cfg: Config, device: str, dtype: str) -> tuple[dict[str, Any]
         "versions": package_versions(),
     }
     return metrics, context
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
 
 
 def data_licence(cfg: Config) -> str:

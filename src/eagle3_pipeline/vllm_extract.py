@@ -10,14 +10,14 @@ before the final norm (speculators' ``launch_vllm.py`` appends it the same way).
 ``hs_{i}.safetensors``. We then validate every file against its row and convert it to
 ``extract.dtype``, so both backends write the same format under the same manifest.
 
-Only command construction and the file validation (and the server lifecycle, in
-``vllm_server``) run without a GPU; the rest is exercised on a GPU machine.
+The server comes from the one engine builder (:mod:`eagle3_pipeline.vllm_engine`) and
+runs in the vLLM environment. On vLLM's CPU build the upstream connector cannot run;
+:mod:`eagle3_pipeline.vllm_compat` swaps in the CPU-safe one, with the same files.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import sys
 import time
@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .config import Config, ServingConfig
+from .config import Config
 from .hidden_states import (
     Extraction,
     Rows,
@@ -41,73 +41,18 @@ from .hidden_states import (
 )
 from .runner import StageError
 from .target import TargetSpec
+from .vllm_engine import build_engine, log_file
+from .vllm_env import find_python, worker_env
 from .vllm_server import VllmServer, child_process
 
 log = logging.getLogger(__name__)
 
-CONNECTOR = "ExampleHiddenStatesConnector"
 STAGING = ".vllm_staging"  # inside the output dir: same filesystem, so moves are renames
 
 
 def vllm_layer_ids(spec: TargetSpec) -> list[int]:
     """The aux ids, then ``num_layers`` (= the final state before the norm)."""
     return [*spec.aux_layer_ids, spec.num_layers]
-
-
-def speculative_config(spec: TargetSpec) -> dict[str, Any]:
-    return {
-        "method": "extract_hidden_states",
-        "num_speculative_tokens": 1,
-        "draft_model_config": {
-            "hf_config": {"eagle_aux_hidden_state_layer_ids": vllm_layer_ids(spec)}
-        },
-    }
-
-
-def kv_transfer_config(staging: Path) -> dict[str, Any]:
-    """vLLM's file connector (as speculators' ``FileBackend`` builds it); the lock file it
-    holds while writing is what the client waits on before moving a file."""
-    return {
-        "kv_connector": CONNECTOR,
-        "kv_role": "kv_producer",
-        "kv_connector_extra_config": {"shared_storage_path": str(staging)},
-    }
-
-
-def parallel_args(serving: ServingConfig) -> list[str]:
-    args = [
-        "--tensor-parallel-size", str(serving.tensor_parallel_size),
-        "--pipeline-parallel-size", str(serving.pipeline_parallel_size),
-        "--data-parallel-size", str(serving.data_parallel_size),
-    ]
-    if serving.enable_expert_parallel:
-        args.append("--enable-expert-parallel")
-    return args
-
-
-def serve_command(cfg: Config, spec: TargetSpec, model_dir: Path, staging: Path) -> list[str]:
-    """The ``vllm serve`` command line (through this interpreter, so the venv's vLLM)."""
-    s = cfg.hardware.serving
-    v = cfg.extract.vllm
-    cmd = [
-        sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(model_dir),
-        "--host", "127.0.0.1",
-        "--port", str(v.port),
-        "--served-model-name", spec.name,
-        "--speculative-config", json.dumps(speculative_config(spec), separators=(",", ":")),
-        "--kv-transfer-config", json.dumps(kv_transfer_config(staging), separators=(",", ":")),
-        *parallel_args(s),
-        "--gpu-memory-utilization", str(s.gpu_memory_utilization),
-        "--max-model-len", str(s.max_model_len),
-        "--no-enable-prefix-caching",  # every prompt must be computed (and its states kept)
-    ]
-    if spec.quantization is None:
-        cmd += ["--dtype", cfg.model.dtype]
-    if spec.trust_remote_code:
-        cmd.append("--trust-remote-code")
-    if v.enforce_eager:
-        cmd.append("--enforce-eager")
-    return [*cmd, *v.extra_args]
 
 
 def client_command(cfg: Config, spec: TargetSpec, prepared: Path, out: Path) -> list[str]:
@@ -197,11 +142,15 @@ def extract_vllm(cfg: Config) -> dict[str, Any]:
         gen_wall = 0.0
         if todo:
             staging.mkdir(exist_ok=True)
+            engine = build_engine(cfg, spec, ex.model_dir, "extract", staging=staging)
+            port = cfg.extract.vllm.port
+            log_path = log_file(cfg, "extract")
+            log.info("starting (log %s): %s", log_path, engine.shell(port))
             server = VllmServer(
-                serve_command(cfg, spec, ex.model_dir.resolve(), staging.resolve()),
-                cfg.extract.vllm.port, Path(cfg.extract.vllm.log_file),
-                cfg.extract.vllm.startup_timeout_s, cfg.extract.vllm.shutdown_timeout_s,
-                timeout_key="extract.vllm.startup_timeout_s",
+                engine.serve_argv(port, (str(find_python(cfg.vllm.python)), "-m",
+                                         "vllm.entrypoints.cli.main")),
+                port, log_path, cfg.vllm.startup_timeout_s, cfg.vllm.shutdown_timeout_s,
+                timeout_key="vllm.startup_timeout_s", env=worker_env(engine.env),
             )
             with server:
                 g0 = time.perf_counter()

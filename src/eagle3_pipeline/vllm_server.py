@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -92,8 +93,10 @@ class VllmServer:
         timeout_key: str,
         health_path: str = "/health",
         error: type[Exception] = StageError,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.cmd = list(cmd)
+        self.env = env
         self.url = f"http://127.0.0.1:{port}"
         self.health_url = self.url + health_path
         self.log_file = Path(log_file)
@@ -117,7 +120,8 @@ class VllmServer:
             with open(self.log_file, "ab") as logfh:
                 self._log_start = os.fstat(logfh.fileno()).st_size
                 self.proc = subprocess.Popen(
-                    self.cmd, stdout=logfh, stderr=subprocess.STDOUT, start_new_session=True
+                    self.cmd, stdout=logfh, stderr=subprocess.STDOUT, start_new_session=True,
+                    env=self.env,
                 )
             self.wait_healthy()
         except BaseException:
@@ -145,9 +149,10 @@ class VllmServer:
         while time.monotonic() < deadline:
             rc = self.proc.poll()
             if rc is not None:
+                tail = self.log_tail(200)
                 raise self.error(
-                    f"vllm serve exited with {rc} before becoming healthy (log {self.log_file}):\n"
-                    f"{self.log_tail()}"
+                    f"vllm serve exited with {rc} before becoming healthy: {cause(tail)} "
+                    f"(log {self.log_file})"
                 )
             # URLError, refused or reset connections and timeouts are all OSErrors
             with contextlib.suppress(OSError):
@@ -157,7 +162,7 @@ class VllmServer:
             time.sleep(POLL_S)
         raise self.error(
             f"vllm serve not healthy at {self.health_url} after {self.startup_timeout_s:.0f}s "
-            f"({self.timeout_key}; log {self.log_file}):\n{self.log_tail()}"
+            f"(raise {self.timeout_key}; log {self.log_file}); last: {cause(self.log_tail(200))}"
         )
 
     def shutdown(self) -> None:
@@ -170,6 +175,29 @@ class VllmServer:
                 old = self._old_sigterm  # None: set outside Python; the default is closest
                 signal.signal(signal.SIGTERM, old if old is not None else signal.SIG_DFL)
                 self._sigterm_installed, self._old_sigterm = False, None
+
+
+# The most telling line first: pydantic's message (vLLM's config validation), an
+# exception with its text, a CLI or socket error; generic wrappers are skipped.
+_CAUSES = (
+    re.compile(r"Value error, (.*)"),
+    re.compile(r"\b(\w+(?:Error|Exception|Exit)): (?!\d+ validation error)(.+)"),
+    re.compile(r"(?i).*\b(address already in use|unrecognized arguments.*|error: .*)"),
+)
+_NOISE = ("See root cause above", "Traceback", "File \"", "raise ", "^")
+
+
+def cause(log_text: str) -> str:
+    """The one line of a vLLM log that says why it stopped (vLLM's own "Engine core
+    initialization failed. See root cause above" is skipped for the root cause)."""
+    lines = [ln.strip() for ln in log_text.splitlines() if ln.strip()]
+    lines = [ln for ln in lines if not any(n in ln[:40] for n in _NOISE)]
+    for pattern in _CAUSES:
+        for line in reversed(lines):
+            m = pattern.search(line)
+            if m and "See root cause above" not in line:
+                return m.group(0).strip()[:400]
+    return lines[-1][:400] if lines else "no output"
 
 
 @contextlib.contextmanager

@@ -1,0 +1,98 @@
+"""Benchmark: vLLM's single-stream tokens/s with and without the draft, side by side, and
+what the CPU build's workarounds cost.
+
+Engines, each built by the pipeline's one engine builder and run by its vLLM worker on the
+same held-out prompts (greedy, one prompt at a time, after a warm-up request):
+
+- ``target``: the target alone, as a user serves it (MLA on): the baseline;
+- ``target + draft``: EAGLE-3 at K (on the CPU build with MLA off, workaround 1);
+- ``target, MLA off``: the target alone with workaround 1: its cost without a draft;
+- ``target, rotary op off``: the target alone with workaround 2 forced on.
+
+Rounds are interleaved (every engine once per round) so load from other processes hits
+all alike; each figure is the median over rounds, and ratios are to the baseline of the
+same round (median of the paired ratios).
+
+Run from a working directory that holds data/target, data/draft and data/heldout
+(after ``dvc repro``):
+
+    python bench/vllm_speedup.py [--rounds 2] [--prompts 16] [--max-tokens 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+from pathlib import Path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("overrides", nargs="*", help="config key=value")
+    args = parser.parse_args()
+
+    from eagle3_pipeline.acceptance import load_prompts
+    from eagle3_pipeline.config import load_config
+    from eagle3_pipeline.target import load_target_spec
+    from eagle3_pipeline.validation import stop_token_ids
+    from eagle3_pipeline.vllm_engine import build_engine
+    from eagle3_pipeline.vllm_env import find_python
+    from eagle3_pipeline.vllm_offline import run_offline
+
+    cfg = load_config(args.overrides)
+    data = Path(cfg.data_dir)
+    spec = load_target_spec(data / "target" / "target.json")
+    draft = data / "draft"
+    draft_cfg = json.loads((draft / "config.json").read_text(encoding="utf-8"))
+    k = cfg.validate.k or draft_cfg["speculators_config"]["proposal_methods"][0][
+        "speculative_tokens"]
+    prompts = [p.prompt_ids for p in load_prompts(data / "heldout" / "prompts.jsonl")]
+    prompts = prompts[: args.prompts]
+    stops = stop_token_ids(spec.path)
+    python = find_python(cfg.vllm.python)
+
+    base = build_engine(cfg, spec, spec.path, "baseline", dtype="float32")
+    engines = {
+        "target": base,
+        "target + draft": build_engine(cfg, spec, spec.path, "validate", dtype="float32",
+                                       draft_dir=draft, k=k),
+        "target, MLA off": dataclasses.replace(base, env={**base.env, "VLLM_MLA_DISABLE": "1"}),
+        "target, rotary op off": dataclasses.replace(
+            base, compilation_config={"custom_ops": ["-rotary_embedding"]}),
+    }
+    tps: dict[str, list[float]] = {name: [] for name in engines}
+    ratio: dict[str, list[float]] = {name: [] for name in engines}
+    loads: dict[str, list[float]] = {name: [] for name in engines}
+    outputs: dict[str, list[list[int]]] = {}
+    for r in range(args.rounds):
+        round_tps = {}
+        for name, eng in engines.items():
+            res = run_offline(python, eng, prompts, args.max_tokens, stops,
+                              Path(cfg.vllm.log_dir) / "bench_vllm_speedup.log")
+            round_tps[name] = res["tokens_per_s"]
+            loads[name].append(res["load_s"])
+            outputs[name] = res["outputs"]
+            print(f"round {r + 1}: {name:<24} {res['tokens_per_s']:8.1f} tokens/s "
+                  f"(engine ready in {res['load_s']:.0f} s)", flush=True)
+        for name in engines:
+            tps[name].append(round_tps[name])
+            ratio[name].append(round_tps[name] / round_tps["target"])
+
+    print(f"\n{len(prompts)} prompts, at most {args.max_tokens} tokens each, K={k}, "
+          f"float32, {args.rounds} round(s), single stream")
+    print(f"{'engine':<24} {'tokens/s':>10} {'vs target':>10} {'ready (s)':>10} {'same output':>12}")
+    for name in engines:
+        same = outputs[name] == outputs["target"]
+        print(f"{name:<24} {statistics.median(tps[name]):>10.1f} "
+              f"{statistics.median(ratio[name]):>9.2f}x {statistics.median(loads[name]):>10.1f} "
+              f"{str(same):>12}")
+
+
+if __name__ == "__main__":
+    main()

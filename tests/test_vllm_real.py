@@ -1,0 +1,152 @@
+"""Real vLLM (its CPU build, in the separate vLLM environment) on the tiny Kimi-K2.5:
+extraction through ``vllm serve`` equals the hf backend, regeneration through ``vllm serve``
+equals transformers' greedy, the served and the offline validation paths give the same
+spec-decode counters, and a server that cannot start says why in one line."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from test_extract import config, workdir_for
+
+from eagle3_pipeline import hidden_states as H
+from eagle3_pipeline import vllm_extract as V
+from eagle3_pipeline.acceptance import load_prompts
+from eagle3_pipeline.config import load_config
+from eagle3_pipeline.target import load_target_spec
+from eagle3_pipeline.validation import stop_token_ids
+from eagle3_pipeline.vllm_engine import build_engine
+from eagle3_pipeline.vllm_env import find_python
+from eagle3_pipeline.vllm_offline import VllmRunError, run_offline
+from eagle3_pipeline.vllm_validate import VllmError, run_served
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _in(workdir: Path, fn, *args):
+    old = os.getcwd()
+    os.chdir(workdir)
+    try:
+        return fn(*args)
+    finally:
+        os.chdir(old)
+
+
+def test_vllm_extraction_equals_the_hf_backend(tiny_target, tmp_path):
+    """Same rows, same layers: files written through vLLM's extract_hidden_states server
+    (CPU connector) equal the hf backend's after the cast to the stored dtype (bf16),
+    within one bf16 rounding step, with token ids equal to the rows."""
+    hf_wd = workdir_for(tiny_target, tmp_path / "hf", n=4)
+    vl_wd = workdir_for(tiny_target, tmp_path / "vllm", n=4)
+    _in(hf_wd, H.extract_hf, config(hf_wd), False)
+    cfg = config(vl_wd, "extract.backend=vllm", f"extract.vllm.port={_free_port()}",
+                 "extract.vllm.concurrency=2")
+    metrics = _in(vl_wd, V.extract_vllm, cfg)
+    assert metrics["samples_written"] == 4 and metrics["backend"] == "vllm"
+    rows = H.load_rows(vl_wd / "data/prepared", None)
+    equal = total = 0
+    for i in range(4):
+        a = load_file(hf_wd / f"data/hidden_states/hs_{i}.safetensors")
+        b = load_file(vl_wd / f"data/hidden_states/hs_{i}.safetensors")
+        assert torch.equal(b["token_ids"], a["token_ids"])
+        assert b["token_ids"].tolist() == list(rows.input_ids([i])[0])
+        ha, hb = a["hidden_states"].float(), b["hidden_states"].float()
+        assert b["hidden_states"].dtype == a["hidden_states"].dtype == torch.bfloat16
+        assert ha.shape == hb.shape
+        # one bf16 step (2^-7 relative) on values rounded from slightly different fp32 sums
+        assert ((ha - hb).abs() <= ha.abs() * 2**-7 + 1e-4).all(), (ha - hb).abs().max()
+        equal += int((ha == hb).sum())
+        total += ha.numel()
+    assert equal / total > 0.99, equal / total
+    assert not (vl_wd / "data/hidden_states" / V.STAGING).exists()
+
+
+def test_regeneration_through_vllm_serve_equals_transformers(tiny_target, tmp_path):
+    """The prepare stage with ``data.regenerate_backend=server`` (and ``start``): vLLM's
+    greedy answers give the same rows, token for token, as the in-process hf backend."""
+    from eagle3_pipeline.preparation import prepare
+
+    port = _free_port()
+    common = ["train.samples=6", "data.max_new_tokens=16", "data.heldout_size=2"]
+    rows = {}
+    for name, extra in (("hf", []), ("server", [
+            "data.regenerate_backend=server", "data.server.start=true",
+            f"data.server.base_url=http://127.0.0.1:{port}/v1", "data.server.concurrency=2"])):
+        wd = tmp_path / name
+        (wd / "data").mkdir(parents=True)
+        (wd / "data/target").symlink_to(tiny_target / "data/target")
+        cfg = _in(wd, load_config, [*common, *extra], REPO / "conf")
+        m = _in(wd, prepare, cfg, False)
+        assert m["backend"] == name
+        rows[name] = H.load_rows(wd / "data/prepared", None)
+    a, b = rows["hf"], rows["server"]
+    assert len(a) == len(b) > 0
+    assert [list(x) for x in a.input_ids(range(len(a)))] == \
+        [list(x) for x in b.input_ids(range(len(b)))]
+
+
+def test_served_and_offline_validation_give_the_same_counters(validate_workdir):
+    """One engine description, two ways to run it: ``vllm serve`` + HTTP and ``vllm.LLM``
+    in the worker. Same greedy outputs, same spec-decode counters."""
+    wd = validate_workdir
+    cfg = _in(wd, load_config, [], REPO / "conf")
+    spec = load_target_spec(wd / "data/target/target.json")
+    spec = dataclasses.replace(spec, path=str(wd / spec.path))
+    engine = build_engine(cfg, spec, spec.path, "validate", dtype="float32",
+                          draft_dir=wd / "data/draft", k=3)
+    prompts = [p.prompt_ids for p in load_prompts(wd / "data/heldout/prompts.jsonl")]
+    stops = stop_token_ids(spec.path)
+    python = find_python()
+    offline = run_offline(python, engine, prompts, 12, stops, wd / "logs/offline.log")
+    served = run_served(python, engine, _free_port(), prompts, 12, stops,
+                        wd / "logs/served.log", 600, 30)
+    assert offline["outputs"] == served["outputs"]
+    assert offline["counters"] == served["counters"]
+    assert offline["counters"]["drafts"] > 0
+    assert offline["env"]["VLLM_MLA_DISABLE"] == "1"  # the workaround reached the engine
+
+
+def test_a_vllm_that_cannot_start_says_why_in_one_line(validate_workdir, tmp_path):
+    """Bad flag, port taken, unloadable model: one line with the cause from the log and
+    the log's path."""
+    wd = validate_workdir
+    cfg = _in(wd, load_config, [], REPO / "conf")
+    spec = load_target_spec(wd / "data/target/target.json")
+    spec = dataclasses.replace(spec, path=str(wd / spec.path))
+    python = find_python()
+    prompts = [[1, 2, 3]]
+    bad = build_engine(cfg, spec, spec.path, "baseline", dtype="float32")
+    bad.extra_args = ["--no-such-flag"]
+    with pytest.raises(VllmError, match=r"exited with .*no-such-flag.*\(log .*bad_flag.log\)"):
+        run_served(python, bad, _free_port(), prompts, 4, [], tmp_path / "bad_flag.log", 300, 10)
+    broken = tmp_path / "broken"
+    shutil.copytree(spec.path, broken)
+    for shard in broken.glob("*.safetensors"):
+        shard.write_bytes(b"not a safetensors file")
+    eng = build_engine(cfg, dataclasses.replace(spec, path=str(broken)), broken, "baseline",
+                       dtype="float32")
+    with pytest.raises(VllmRunError) as exc:
+        run_offline(python, eng, prompts, 4, [], tmp_path / "broken.log")
+    msg = str(exc.value)
+    assert "\n" not in msg and "broken.log" in msg and "exited with" in msg
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(VllmError, match=r"(?i)address already in use.*\(log "):
+            run_served(python, bad.__class__(**{**bad.to_dict(), "extra_args": []}), port,
+                       prompts, 4, [], tmp_path / "port.log", 300, 10)

@@ -1,0 +1,51 @@
+"""Working directories shaped like a run of the graph, for tests of later stages."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+
+def make_workdir(tiny_target: Path, root: Path, n_prompts: int = 3) -> Path:
+    """A copy of the tiny target's workdir with a draft saved as the train stage saves it
+    and held-out prompts in the prepare stage's format."""
+    from transformers import AutoTokenizer
+
+    from eagle3_pipeline.config import DraftShapeConfig
+    from eagle3_pipeline.corpus import builtin_conversations
+    from eagle3_pipeline.data import render_ids
+    from eagle3_pipeline.draft import build_draft, build_vocab_mapping, resolve_draft_shape
+    from eagle3_pipeline.target import load_target_spec
+    from eagle3_pipeline.training import save_draft
+    from eagle3_pipeline.validation import stop_token_ids
+
+    shutil.copytree(tiny_target / "conf", root / "conf")
+    shutil.copytree(tiny_target / "data" / "target", root / "data" / "target")
+    spec = load_target_spec(root / "data" / "target" / "target.json")
+    model_dir = root / spec.path
+    spec = dataclasses.replace(spec, path=str(model_dir))
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    stops = stop_token_ids(model_dir)
+    torch.manual_seed(0)
+    d2t, t2d = build_vocab_mapping({i: 1 for i in range(spec.vocab_size)}, 1024,
+                                   spec.vocab_size, stops)
+    shape = resolve_draft_shape(DraftShapeConfig(), spec)
+    model = build_draft(spec, shape, 3, 1024, d2t, t2d, model_dir, "sdpa")
+    save_draft(model, root / "data" / "draft", 3)
+    rows = []
+    for i, c in enumerate(builtin_conversations(0)[:n_prompts]):
+        msgs = c["messages"][:1]
+        rows.append({"id": f"p{i}", "messages": msgs,
+                     "prompt_ids": render_ids(tok, msgs, generation_prompt=True)})
+    held = root / "data" / "heldout" / "prompts.jsonl"
+    held.parent.mkdir(parents=True)
+    held.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (root / "metrics").mkdir()
+    (root / "metrics" / "train.json").write_text(json.dumps(
+        {"gpu": {"mode": "not applicable", "reason": "trained on CPU"}, "seed": 0,
+         "draft_vocab_size": 1024, "train_rows": 10}))
+    return root
