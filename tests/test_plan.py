@@ -144,8 +144,10 @@ def test_plan_commands_for_the_kimi_profile(tmp_path):
     p = plan.build_plan(cfg, list(KIMI), free_fn=lambda _: PLENTY)
     assert p.fits, p.problems
     c = p.data["commands"]
-    assert c["extract_server"].startswith(f"vllm serve {FIXTURE} --trust-remote-code")
+    assert c["extract_server"].startswith(f"vllm serve {FIXTURE} ")
     for part in (
+        "--trust-remote-code",
+        "--dtype bfloat16",
         "--tensor-parallel-size 8",
         "--enable-expert-parallel",
         '"method":"extract_hidden_states"',

@@ -26,6 +26,15 @@ def h200(i: int) -> GpuInfo:
     return GpuInfo(i, "NVIDIA H200", f"GPU-h200{i:04d}", 143771, 0, (9, 0))
 
 
+def vllm_build(cpu: bool):
+    """An in-memory reading of the vLLM environment (the real one is probed in the CPU tests)."""
+    from eagle3_pipeline.vllm_env import VllmProbe
+
+    version = "0.32.0+cpu" if cpu else "0.33.0"
+    return lambda cfg: VllmProbe(python="/venv/bin/python", version=version, cpu_build=cpu,
+                                 cli_version=version)
+
+
 def run(cfg: Config, gpus: list[GpuInfo], env: dict[str, str] | None = None, **kw):
     """Preflight on an in-memory machine; torch sees what CUDA_VISIBLE_DEVICES lets it."""
     env = env or {}
@@ -37,6 +46,7 @@ def run(cfg: Config, gpus: list[GpuInfo], env: dict[str, str] | None = None, **k
     kw.setdefault("torch_probe", torch_sees)
     kw.setdefault("free_fn", lambda p: PLENTY)
     kw.setdefault("versions", dict(VERSIONS))
+    kw.setdefault("vllm_probe", vllm_build(cfg.hardware.device == "cpu"))
     return run_preflight(cfg, reader=MemoryReader(gpus), env=env, **kw)
 
 
@@ -268,13 +278,16 @@ def test_cpu_mode_passes_for_the_cpu_profile(tmp_path):
         cfg_for(tmp_path), env={}, open_nvml=_no_driver, free_fn=lambda p: PLENTY, versions=VERSIONS
     )
     assert res.passed and res.mode == "cpu" and res.inventory == {"mode": "cpu"}
-    assert [c.name for c in res.checks] == ["driver", "packages", "disk"]
+    # the real vLLM environment, probed: the CPU build, its CLI answering
+    assert [c.name for c in res.checks] == ["driver", "packages", "disk", "vllm"]
+    assert res.metrics["vllm"]["cpu_build"] is True and res.metrics["vllm"]["cli_version"]
 
 
 def test_cpu_mode_fails_when_the_profile_expects_gpus(tmp_path):
     cfg = cfg_for(tmp_path, "hardware=rtx_pro_6000_x8")
     res = run_preflight(
-        cfg, env={}, open_nvml=_no_driver, free_fn=lambda p: PLENTY, versions=VERSIONS
+        cfg, env={}, open_nvml=_no_driver, free_fn=lambda p: PLENTY, versions=VERSIONS,
+        vllm_probe=vllm_build(cpu=False),
     )
     assert failed(res) == {
         "driver": [
@@ -300,6 +313,21 @@ def _has_driver() -> bool:
     except NoGpuDriver:
         return False
     return True
+
+
+def test_vllm_environment_missing_or_of_the_wrong_build(tmp_path):
+    from eagle3_pipeline.vllm_env import VllmProbe
+
+    missing = run(cfg_for(tmp_path, "hardware=h200_x1"), [h200(0)], vllm_probe=lambda cfg: VllmProbe(
+        python="None", error="no vLLM environment: /x/.venv-vllm does not exist"))
+    (line,) = failed(missing)["vllm"]
+    assert "eagle3-vllm-env install" in line and "validate.vllm=false" in line
+    wrong = run(cfg_for(tmp_path, "hardware=h200_x1"), [h200(0)], vllm_probe=vllm_build(cpu=True))
+    (line,) = failed(wrong)["vllm"]
+    assert "CPU build" in line and "needs the CUDA build" in line and "--device cuda" in line
+    skipped = run(cfg_for(tmp_path, "hardware=h200_x1", "validate.vllm=false"), [h200(0)],
+                  vllm_probe=vllm_build(cpu=True))
+    assert "vllm" not in [c.name for c in skipped.checks]
 
 
 def test_stage_writes_outputs_and_exit_codes(tmp_path, monkeypatch):

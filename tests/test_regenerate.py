@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import shutil
 import socket
-import sys
 import threading
 import time
 from collections import Counter
@@ -24,7 +23,6 @@ from eagle3_pipeline.regenerate import (
     Reasoning,
     ServerBackend,
     ServerUnavailable,
-    managed_server,
     plan_turns,
     regenerate_rows,
 )
@@ -287,36 +285,6 @@ def test_unreachable_server_is_a_clear_error():
         port = s.getsockname()[1]
     with pytest.raises(ServerUnavailable, match=f"127.0.0.1:{port}.*is the server up"):
         ServerBackend(f"http://127.0.0.1:{port}/v1", 8, timeout_s=2)
-
-
-SERVE_SCRIPT = """
-import json, sys
-from http.server import BaseHTTPRequestHandler, HTTPServer
-class H(BaseHTTPRequestHandler):
-    def log_message(self, *a): pass
-    def do_GET(self):
-        body = json.dumps({"data": [{"id": "m"}]}).encode()
-        self.send_response(200); self.send_header("Content-Length", str(len(body)))
-        self.end_headers(); self.wfile.write(body)
-HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
-"""
-
-
-def test_managed_server_is_always_stopped(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}/v1"
-    cmd = [sys.executable, "-c", SERVE_SCRIPT, str(port)]
-    with pytest.raises(KeyboardInterrupt):
-        with managed_server(cmd, url, 60, tmp_path / "serve.log") as proc:
-            assert ServerBackend(url, 8, timeout_s=5).model == "m"
-            raise KeyboardInterrupt  # the stage dies mid-run: the server must still go
-    assert proc.poll() is not None
-    with pytest.raises(ServerUnavailable, match="exited with 3"):
-        with managed_server([sys.executable, "-c", "raise SystemExit(3)"], url, 60,
-                            tmp_path / "serve.log"):  # fmt: skip
-            pass
 
 
 # --------------------------------------------------------------------------- the stage

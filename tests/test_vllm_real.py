@@ -9,6 +9,7 @@ import dataclasses
 import os
 import shutil
 import socket
+import warnings
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _load(overrides: list[str]):
+    return load_config(overrides, conf_dir=REPO / "conf")
+
+
 def _in(workdir: Path, fn, *args):
     old = os.getcwd()
     os.chdir(workdir)
@@ -57,7 +62,7 @@ def test_vllm_extraction_equals_the_hf_backend(tiny_target, tmp_path):
                  "extract.vllm.concurrency=2")
     metrics = _in(vl_wd, V.extract_vllm, cfg)
     assert metrics["samples_written"] == 4 and metrics["backend"] == "vllm"
-    rows = H.load_rows(vl_wd / "data/prepared", None)
+    rows = H.load_rows(vl_wd / "data/prepared", 1 << 30)
     equal = total = 0
     for i in range(4):
         a = load_file(hf_wd / f"data/hidden_states/hs_{i}.safetensors")
@@ -73,6 +78,18 @@ def test_vllm_extraction_equals_the_hf_backend(tiny_target, tmp_path):
         total += ha.numel()
     assert equal / total > 0.99, equal / total
     assert not (vl_wd / "data/hidden_states" / V.STAGING).exists()
+    # the train stage's loader (speculators') reads them unchanged, every sample
+    from hs_connectors import FileTransfer
+    from speculators.train.data import ArrowDataset
+    from speculators.train.recovery import SampleUnavailable
+
+    ds = ArrowDataset(max_len=512, datapath=str(vl_wd / "data/prepared"),
+                      transfer=FileTransfer(vl_wd / "data/hidden_states"), on_missing="raise",
+                      hidden_states_dtype=torch.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a dropped (mismatched) sample only warns
+        assert not any(isinstance(ds[i], SampleUnavailable) for i in range(len(ds)))
+    assert len(ds) == 4
 
 
 def test_regeneration_through_vllm_serve_equals_transformers(tiny_target, tmp_path):
@@ -89,10 +106,10 @@ def test_regeneration_through_vllm_serve_equals_transformers(tiny_target, tmp_pa
         wd = tmp_path / name
         (wd / "data").mkdir(parents=True)
         (wd / "data/target").symlink_to(tiny_target / "data/target")
-        cfg = _in(wd, load_config, [*common, *extra], REPO / "conf")
+        cfg = _in(wd, _load, [*common, *extra])
         m = _in(wd, prepare, cfg, False)
         assert m["backend"] == name
-        rows[name] = H.load_rows(wd / "data/prepared", None)
+        rows[name] = H.load_rows(wd / "data/prepared", 1 << 30)
     a, b = rows["hf"], rows["server"]
     assert len(a) == len(b) > 0
     assert [list(x) for x in a.input_ids(range(len(a)))] == \
@@ -103,7 +120,7 @@ def test_served_and_offline_validation_give_the_same_counters(validate_workdir):
     """One engine description, two ways to run it: ``vllm serve`` + HTTP and ``vllm.LLM``
     in the worker. Same greedy outputs, same spec-decode counters."""
     wd = validate_workdir
-    cfg = _in(wd, load_config, [], REPO / "conf")
+    cfg = _in(wd, _load, [])
     spec = load_target_spec(wd / "data/target/target.json")
     spec = dataclasses.replace(spec, path=str(wd / spec.path))
     engine = build_engine(cfg, spec, spec.path, "validate", dtype="float32",
@@ -124,7 +141,7 @@ def test_a_vllm_that_cannot_start_says_why_in_one_line(validate_workdir, tmp_pat
     """Bad flag, port taken, unloadable model: one line with the cause from the log and
     the log's path."""
     wd = validate_workdir
-    cfg = _in(wd, load_config, [], REPO / "conf")
+    cfg = _in(wd, _load, [])
     spec = load_target_spec(wd / "data/target/target.json")
     spec = dataclasses.replace(spec, path=str(wd / spec.path))
     python = find_python()
