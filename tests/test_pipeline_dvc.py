@@ -28,6 +28,10 @@ REDUCED = {
     "validate": {"max_new_tokens": 24},
 }
 
+# The first run validates in real vLLM; the parameter experiments after it skip vLLM
+# (about two minutes per validation on 2 cores) since they test DVC's invalidation.
+NO_VLLM = ("-S", "validate.vllm=false")
+
 pytestmark = pytest.mark.slow
 
 
@@ -112,6 +116,10 @@ def test_repro_end_to_end_then_cached_then_train_only_change(repo_copy: Path):
     assert metrics, "dvc metrics show returned nothing"
     validate = json.loads((repo_copy / "metrics/validate.json").read_text())
     assert validate["acceptance_length"] >= 1.0
+    # the trained draft in real vLLM: its counters give our figure, and it is lossless
+    assert validate["vllm_acceptance_length"] == pytest.approx(
+        validate["vllm_style_acceptance_length"], abs=0.01)
+    assert validate["vllm_lossless"] is True and validate["vllm_speedup"] > 0
     assert json.loads((repo_copy / "metrics/preflight.json").read_text())["passed"] is True
 
     # the plan's storage estimate matches what extract wrote (within 10%)
@@ -134,7 +142,7 @@ def test_repro_end_to_end_then_cached_then_train_only_change(repo_copy: Path):
     # a train-only param: only train and validate (and the always-run preflight) change
     _run(repo_copy, "git", "add", "-A")
     _run(repo_copy, "git", "commit", "-qm", "first run")
-    _dvc(repo_copy, "exp", "run", "-S", "train.lr=0.002")
+    _dvc(repo_copy, "exp", "run", "-S", "train.lr=0.002", *NO_VLLM)
     lock3 = _lock(repo_copy)
     changed = _changed(lock2, lock3) - {"preflight"}
     assert changed == {"train", "validate"}, changed
@@ -147,7 +155,7 @@ def test_repro_end_to_end_then_cached_then_train_only_change(repo_copy: Path):
     _run(repo_copy, "git", "add", "-A")
     _run(repo_copy, "git", "commit", "-qm", "lr run")
     samples = REDUCED["train"]["samples"] + 6
-    _dvc(repo_copy, "exp", "run", "-S", f"train.samples={samples}")
+    _dvc(repo_copy, "exp", "run", "-S", f"train.samples={samples}", *NO_VLLM)
     lock4 = _lock(repo_copy)
     assert _changed(lock3, lock4) - {"preflight"} == {"prepare", "extract", "train", "validate"}
     assert (repo_copy / "data/heldout/prompts.jsonl").read_bytes() == heldout
@@ -179,3 +187,7 @@ def test_tiny_llama_runs_the_whole_graph(repo_copy: Path):
     assert lock["target"]["params"]["params.yaml"]["model"]["name"] == "tiny_llama"
     validate = json.loads((repo_copy / "metrics/validate.json").read_text())
     assert validate["acceptance_length"] >= 1.0
+    # a plain Llama target + draft in vLLM too: no MLA, so no workaround
+    assert validate["vllm_acceptance_length"] == pytest.approx(
+        validate["vllm_style_acceptance_length"], abs=0.01)
+    assert "VLLM_MLA_DISABLE" not in validate["vllm"]["workarounds"]["with_draft"]["env"]

@@ -40,8 +40,6 @@ import json
 import logging
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -196,15 +194,25 @@ class ServerBackend:
         self.retries = retries
         self.temperature = temperature
         self.backoff_s = backoff_s
+        self._client: Any = None
         self.model = model or self.detect_model()
+
+    @property
+    def client(self) -> Any:
+        """The ``openai`` client (retries are ours: each failure kind is counted)."""
+        if self._client is None:
+            from openai import OpenAI
+
+            self._client = OpenAI(base_url=self.base_url, api_key="EMPTY",
+                                  timeout=self.timeout_s, max_retries=0)
+        return self._client
 
     def detect_model(self) -> str:
         url = f"{self.base_url}/models"
         try:
-            with urllib.request.urlopen(url, timeout=min(self.timeout_s, 30.0)) as resp:
-                data = json.loads(resp.read().decode("utf-8"))
-            return str(data["data"][0]["id"])
-        except (OSError, ValueError, KeyError, IndexError) as exc:
+            return str(self.client.with_options(timeout=min(self.timeout_s, 30.0))
+                       .models.list().data[0].id)
+        except Exception as exc:  # openai's errors, an empty list, a non-JSON answer
             raise ServerUnavailable(
                 f"data.server.base_url={self.base_url}: cannot list models at {url} "
                 f"({type(exc).__name__}: {exc}); is the server up? (or set data.server.model)"
@@ -219,52 +227,38 @@ class ServerBackend:
             "temperature": self.temperature,
         }
 
-    def payload(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "messages": messages,
-            "max_tokens": self.max_new_tokens,
-            "temperature": self.temperature,
-            "return_token_ids": True,  # vLLM: prompt_token_ids + choices[].token_ids
-            "skip_special_tokens": False,
-        }
-
-    def _post(self, body: bytes) -> dict[str, Any]:
-        req = urllib.request.Request(
-            f"{self.base_url}/chat/completions",
-            data=body,
-            headers={"Content-Type": "application/json", "Accept": "application/json"},
-            method="POST",
+    def _complete(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        resp = self.client.chat.completions.create(
+            model=self.model, messages=messages, max_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            # vLLM: prompt_token_ids + choices[].token_ids
+            extra_body={"return_token_ids": True, "skip_special_tokens": False},
         )
-        with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-            return json.loads(resp.read().decode("utf-8"))
+        return resp.model_dump()
 
     def request(self, messages: list[dict[str, Any]]) -> Result:
-        body = json.dumps(self.payload(messages)).encode("utf-8")
+        import openai
+
         failure = Failure("unknown", "no attempt made")
         for attempt in range(self.retries + 1):
             if attempt:
                 time.sleep(min(self.backoff_s * 2 ** (attempt - 1), 30.0))
             try:
-                data = self._post(body)
-            except urllib.error.HTTPError as exc:
-                text = exc.read()[:300].decode("utf-8", "replace")
-                failure = Failure(f"http_{exc.code}", f"HTTP {exc.code}: {text}")
-                if exc.code < 500 and exc.code not in RETRYABLE_HTTP_STATUSES:
+                data = self._complete(messages)
+            except openai.APIStatusError as exc:
+                code = exc.status_code
+                failure = Failure(f"http_{code}", f"HTTP {code}: {str(exc)[:300]}")
+                if code < 500 and code not in RETRYABLE_HTTP_STATUSES:
                     return failure
                 continue
-            except TimeoutError as exc:
-                failure = Failure("timeout", f"no answer within {self.timeout_s} s ({exc})")
+            except openai.APITimeoutError:
+                failure = Failure("timeout", f"no answer within {self.timeout_s} s")
                 continue
-            except (urllib.error.URLError, ConnectionError, OSError) as exc:
-                reason = getattr(exc, "reason", exc)
-                if isinstance(reason, TimeoutError):
-                    failure = Failure("timeout", f"no answer within {self.timeout_s} s")
-                else:
-                    failure = Failure("connection", f"{type(exc).__name__}: {reason}")
+            except openai.APIConnectionError as exc:
+                failure = Failure("connection", f"{type(exc).__name__}: {exc.__cause__ or exc}")
                 continue
-            except ValueError as exc:
-                failure = Failure("bad_response", f"not JSON: {exc}")
+            except (openai.APIResponseValidationError, ValueError) as exc:
+                failure = Failure("bad_response", f"not a chat completion: {exc}")
                 continue
             return parse_completion(data)
         return failure
