@@ -27,18 +27,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from .vllm_counters import COUNTERS, PER_POS, counter_delta
 from .vllm_engine import Engine
 from .vllm_env import worker_env
 from .vllm_server import VllmServer
 
 log = logging.getLogger(__name__)
 
-COUNTERS = {
-    "vllm:spec_decode_num_drafts": "drafts",
-    "vllm:spec_decode_num_draft_tokens": "draft_tokens",
-    "vllm:spec_decode_num_accepted_tokens": "accepted",
-}
-PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 
 
 class VllmError(RuntimeError):
@@ -69,16 +64,6 @@ def spec_decode_counters(text: str) -> dict[str, Any]:
     if out:
         out["accepted_per_pos"] = [per_pos.get(i, 0) for i in range(max(per_pos) + 1)] \
             if per_pos else []
-    return out
-
-
-def counter_delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
-    if not after:
-        return {}
-    out = {k: after[k] - before.get(k, 0) for k in COUNTERS.values() if k in after}
-    a, b = after.get("accepted_per_pos", []), before.get("accepted_per_pos", [])
-    b = b + [0] * (len(a) - len(b))
-    out["accepted_per_pos"] = [x - y for x, y in zip(a, b, strict=False)]
     return out
 
 

@@ -2,8 +2,8 @@
 
 ``python -m eagle3_pipeline.vllm_worker JOB.json OUT.json`` (the vLLM environment's
 interpreter; :mod:`eagle3_pipeline.vllm_offline` writes the job and reads the result).
-It imports only the standard library and vLLM, so it runs where speculators and the
-training torch are not installed.
+It imports only the standard library, vLLM and :mod:`eagle3_pipeline.vllm_counters`, so
+it runs where speculators and the training torch are not installed.
 
 The job holds an :class:`~eagle3_pipeline.vllm_engine.Engine` as ``vllm.LLM`` keyword
 arguments, the prompts (token ids), ``max_tokens`` and the stop token ids. Prompts are
@@ -21,12 +21,7 @@ import sys
 import time
 from typing import Any
 
-COUNTERS = {
-    "vllm:spec_decode_num_drafts": "drafts",
-    "vllm:spec_decode_num_draft_tokens": "draft_tokens",
-    "vllm:spec_decode_num_accepted_tokens": "accepted",
-}
-PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+from eagle3_pipeline.vllm_counters import COUNTERS, PER_POS, counter_delta
 
 
 def counters(metrics: list[Any]) -> dict[str, Any]:
@@ -44,16 +39,6 @@ def counters(metrics: list[Any]) -> dict[str, Any]:
                 per_pos[i] += int(value)
     if out:
         out["accepted_per_pos"] = per_pos
-    return out
-
-
-def delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
-    if not after:
-        return {}
-    out = {k: after[k] - before.get(k, 0) for k in COUNTERS.values() if k in after}
-    a, b = after.get("accepted_per_pos", []), before.get("accepted_per_pos", [])
-    b = b + [0] * (len(a) - len(b))
-    out["accepted_per_pos"] = [x - y for x, y in zip(a, b, strict=False)]
     return out
 
 
@@ -90,7 +75,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         "latencies_s": latencies,
         "import_s": import_s,
         "load_s": load_s,
-        "counters": delta(after, before),
+        "counters": counter_delta(after, before),
         "env": {k: v for k, v in os.environ.items() if k.startswith("VLLM_")},
     }
 
