@@ -51,7 +51,7 @@ from urllib.parse import urlparse
 from .config import ConfigError
 from .data import Row, render_ids
 from .tiny import REASONING_MARKERS
-from .vllm_server import VllmServer
+from .vllm_server import engine_server
 
 log = logging.getLogger(__name__)
 
@@ -302,18 +302,11 @@ def managed_server(
     environment's ``python`` at ``base_url``'s port, wait until ``base_url/models``
     answers, and ALWAYS stop it (its whole process group: vLLM forks workers) when the
     block exits. Failing to start raises ``ServerUnavailable``, which the stage reports."""
-    from .vllm_env import worker_env
-
     url = urlparse(base_url)
-    port = url.port or 8000
-    log.info("starting (log %s): %s", log_path, engine.shell(port))
-    server = VllmServer(
-        engine.serve_argv(port, (str(python), "-m", "vllm.entrypoints.cli.main")), port,
-        log_path, startup_timeout_s, shutdown_timeout_s,
-        timeout_key="vllm.startup_timeout_s",
+    server = engine_server(
+        engine, python, url.port or 8000, log_path, startup_timeout_s, shutdown_timeout_s,
         health_path=url.path.rstrip("/") + "/models", error=ServerUnavailable,
-        env=worker_env(engine.env),
-    )  # fmt: skip
+    )
     with server:
         assert server.proc is not None
         yield server.proc

@@ -42,8 +42,8 @@ from .hidden_states import (
 from .runner import StageError
 from .target import TargetSpec
 from .vllm_engine import build_engine, log_file
-from .vllm_env import find_python, worker_env
-from .vllm_server import VllmServer, child_process
+from .vllm_env import find_python
+from .vllm_server import child_process, engine_server
 
 log = logging.getLogger(__name__)
 
@@ -143,14 +143,10 @@ def extract_vllm(cfg: Config) -> dict[str, Any]:
         if todo:
             staging.mkdir(exist_ok=True)
             engine = build_engine(cfg, spec, ex.model_dir, "extract", staging=staging)
-            port = cfg.extract.vllm.port
-            log_path = log_file(cfg, "extract")
-            log.info("starting (log %s): %s", log_path, engine.shell(port))
-            server = VllmServer(
-                engine.serve_argv(port, (str(find_python(cfg.vllm.python)), "-m",
-                                         "vllm.entrypoints.cli.main")),
-                port, log_path, cfg.vllm.startup_timeout_s, cfg.vllm.shutdown_timeout_s,
-                timeout_key="vllm.startup_timeout_s", env=worker_env(engine.env),
+            server = engine_server(
+                engine, find_python(cfg.vllm.python), cfg.extract.vllm.port,
+                log_file(cfg, "extract"), cfg.vllm.startup_timeout_s,
+                cfg.vllm.shutdown_timeout_s,
             )
             with server:
                 g0 = time.perf_counter()

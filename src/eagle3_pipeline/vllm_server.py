@@ -200,6 +200,22 @@ def cause(log_text: str) -> str:
     return lines[-1][:400] if lines else "no output"
 
 
+def engine_server(engine: Any, python: str | Path, port: int, log_file: str | Path,
+                  startup_timeout_s: float, shutdown_timeout_s: float, *,
+                  health_path: str = "/health",
+                  error: type[Exception] = StageError) -> VllmServer:
+    """``vllm serve`` for an :class:`~eagle3_pipeline.vllm_engine.Engine`, run by the vLLM
+    environment's ``python`` with the engine's environment variables."""
+    from .vllm_env import worker_env
+
+    log.info("starting (log %s): %s", log_file, engine.shell(port))
+    return VllmServer(
+        engine.serve_argv(port, (str(python), "-m", "vllm.entrypoints.cli.main")), port,
+        log_file, startup_timeout_s, shutdown_timeout_s, timeout_key="vllm.startup_timeout_s",
+        health_path=health_path, error=error, env=worker_env(engine.env),
+    )
+
+
 @contextlib.contextmanager
 def child_process(
     cmd: Sequence[str], stop_timeout_s: float = 30.0

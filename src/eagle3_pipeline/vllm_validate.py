@@ -29,8 +29,7 @@ from typing import Any
 
 from .vllm_counters import COUNTERS, PER_POS, counter_delta
 from .vllm_engine import Engine
-from .vllm_env import worker_env
-from .vllm_server import VllmServer
+from .vllm_server import engine_server
 
 log = logging.getLogger(__name__)
 
@@ -98,12 +97,9 @@ def run_served(python: str | Path, engine: Engine, port: int,
     """The same measurement as :mod:`eagle3_pipeline.vllm_worker`, through ``vllm serve``."""
     from openai import OpenAI
 
-    cmd = engine.serve_argv(port, (str(python), "-m", "vllm.entrypoints.cli.main"))
-    log.info("starting (log %s): %s", log_file, engine.shell(port))
     t0 = time.perf_counter()
-    server = VllmServer(cmd, port, log_file, startup_timeout_s, shutdown_timeout_s,
-                        timeout_key="vllm.startup_timeout_s", error=VllmError,
-                        env=worker_env(engine.env))
+    server = engine_server(engine, python, port, log_file, startup_timeout_s,
+                           shutdown_timeout_s, error=VllmError)
     with server:
         load_s = time.perf_counter() - t0
         client = OpenAI(base_url=f"{server.url}/v1", api_key="EMPTY", timeout=600.0,
