@@ -33,10 +33,10 @@ import torch
 def build_target(root: Path, hidden: int, layers: int, vocab: int) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from eagle3_pipeline.config import ModelConfig
-    from eagle3_pipeline.corpus import builtin_conversations
-    from eagle3_pipeline.target import describe_target
-    from eagle3_pipeline.tiny import build_tokenizer
+    from eagle3_pipeline.core.config import ModelConfig
+    from eagle3_pipeline.data.corpus import builtin_conversations
+    from eagle3_pipeline.targets.adapter import describe_target
+    from eagle3_pipeline.targets.tiny import build_tokenizer
 
     texts = [m["content"] for c in builtin_conversations(0) for m in c["messages"]]
     tok = build_tokenizer(texts, vocab)
@@ -67,7 +67,7 @@ def build_rows(root: Path, n: int, vocab: int, seed: int = 0) -> list[list[int]]
 
 
 def bare_forward(lm, rows, plan, full: bool) -> float:
-    from eagle3_pipeline.hidden_states import forward_batch
+    from eagle3_pipeline.extract.hidden_states import forward_batch
 
     t0 = time.perf_counter()
     with torch.inference_mode():
@@ -87,7 +87,7 @@ def bare_forward(lm, rows, plan, full: bool) -> float:
 
 
 def bare_serialize(rows, n_layers: int, hidden: int, fsync: bool) -> tuple[float, int]:
-    from eagle3_pipeline.hidden_states import save_hidden_states
+    from eagle3_pipeline.extract.hidden_states import save_hidden_states
 
     tensors = [(torch.tensor(r, dtype=torch.int64),
                 torch.randn(len(r), n_layers, hidden).to(torch.bfloat16)) for r in rows]
@@ -112,9 +112,9 @@ def main() -> None:
     ap.add_argument("--out", help="also write the figures to this JSON file")
     args = ap.parse_args()
 
-    from eagle3_pipeline.config import load_config
-    from eagle3_pipeline.hidden_states import extract_hf, load_language_model, plan_batches
-    from eagle3_pipeline.target import load_target_spec
+    from eagle3_pipeline.core.config import load_config
+    from eagle3_pipeline.extract.hidden_states import extract_hf, load_language_model, plan_batches
+    from eagle3_pipeline.targets.adapter import load_target_spec
 
     repo = Path(__file__).resolve().parents[1]
     root = Path(tempfile.mkdtemp(prefix="bench_extract_"))

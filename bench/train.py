@@ -36,9 +36,9 @@ def main() -> None:
     from speculators.train.trainer import TrainerConfig
     from torch.utils.data import DataLoader
 
-    from eagle3_pipeline import training
-    from eagle3_pipeline.compat import speculators_trainer
-    from eagle3_pipeline.config import load_config
+    from eagle3_pipeline.compat.speculators import speculators_trainer
+    from eagle3_pipeline.core.config import load_config
+    from eagle3_pipeline.train import trainer as training
 
     cfg = load_config(["train.tokens_per_step=1024", "train.hidden_noise=0.05",
                        *args.overrides])

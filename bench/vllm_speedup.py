@@ -37,13 +37,13 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="config key=value")
     args = parser.parse_args()
 
-    from eagle3_pipeline.acceptance import load_prompts
-    from eagle3_pipeline.config import load_config
-    from eagle3_pipeline.target import load_target_spec
-    from eagle3_pipeline.validation import stop_token_ids
-    from eagle3_pipeline.vllm_engine import build_engine
-    from eagle3_pipeline.vllm_env import find_python
-    from eagle3_pipeline.vllm_offline import run_offline
+    from eagle3_pipeline.core.config import load_config
+    from eagle3_pipeline.serving.engine import build_engine
+    from eagle3_pipeline.serving.env import find_python
+    from eagle3_pipeline.serving.offline import run_offline
+    from eagle3_pipeline.targets.adapter import load_target_spec
+    from eagle3_pipeline.validate.acceptance import load_prompts
+    from eagle3_pipeline.validate.run import stop_token_ids
 
     cfg = load_config(args.overrides)
     data = Path(cfg.data_dir)

@@ -6,8 +6,8 @@ import copy
 import functools
 from pathlib import Path
 
-from eagle3_pipeline.config import Config, load_config
-from eagle3_pipeline.gpu import GpuInfo, GpuProcess
+from eagle3_pipeline.core.config import Config, load_config
+from eagle3_pipeline.preflight.gpu import GpuInfo, GpuProcess
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 BLACKWELL = "NVIDIA RTX PRO 6000 Blackwell Server Edition"

@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 import torch
 
-from eagle3_pipeline.acceptance import (
+from eagle3_pipeline.core.config import ConfigError
+from eagle3_pipeline.validate.acceptance import (
     OracleDraft,
     Prompt,
     SpeculatorsDraft,
@@ -29,7 +30,6 @@ from eagle3_pipeline.acceptance import (
     measure,
     speculative_decode,
 )
-from eagle3_pipeline.config import ConfigError
 
 K = 3
 MAX_NEW = 24
@@ -59,10 +59,10 @@ def single_thread():
 def setup(tiny_target: Path, single_thread: None) -> Setup:
     from transformers import AutoTokenizer
 
-    from eagle3_pipeline.corpus import builtin_conversations
-    from eagle3_pipeline.data import render_ids
-    from eagle3_pipeline.target import load_target_spec
-    from eagle3_pipeline.validation import stop_token_ids
+    from eagle3_pipeline.data.conversations import render_ids
+    from eagle3_pipeline.data.corpus import builtin_conversations
+    from eagle3_pipeline.targets.adapter import load_target_spec
+    from eagle3_pipeline.validate.run import stop_token_ids
 
     spec = load_target_spec(tiny_target / "data" / "target" / "target.json")
     spec = dataclasses.replace(spec, path=str(tiny_target / spec.path))
@@ -78,8 +78,8 @@ def setup(tiny_target: Path, single_thread: None) -> Setup:
 
 
 def new_draft(s: Setup, seed: int = 0) -> Any:
-    from eagle3_pipeline.config import DraftShapeConfig
-    from eagle3_pipeline.draft import build_draft, build_vocab_mapping, resolve_draft_shape
+    from eagle3_pipeline.core.config import DraftShapeConfig
+    from eagle3_pipeline.draft.shape import build_draft, build_vocab_mapping, resolve_draft_shape
 
     torch.manual_seed(seed)
     freq = Counter(t for seq in s.train_seqs for t in seq)

@@ -22,10 +22,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from eagle3_pipeline.checkpoint import Report, validate_checkpoint
-from eagle3_pipeline.config import ModelConfig
-from eagle3_pipeline.io import atomic_write_json
-from eagle3_pipeline.target import TargetSpec, describe_target
+from eagle3_pipeline.core.config import ModelConfig
+from eagle3_pipeline.core.io import atomic_write_json
+from eagle3_pipeline.targets.adapter import TargetSpec, describe_target
+from eagle3_pipeline.validate.checkpoint import Report, validate_checkpoint
 
 HIDDEN = 64
 VOCAB = 300
@@ -431,13 +431,13 @@ def test_without_target_warns_on_local_verifier_path(built: Built) -> None:
 
 
 def test_cli_exit_codes(built: Built, tmp_path: Path) -> None:
-    from eagle3_pipeline.validate_checkpoint import main
+    from eagle3_pipeline.validate.cli import main
 
     target_json = tmp_path / "target.json"
     atomic_write_json(target_json, built.spec.to_dict())
     bad = variant(built, tmp_path, tensors=lambda sd: sd.pop("norm.weight"))
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    cmd = [sys.executable, "-m", "eagle3_pipeline.validate_checkpoint", "--no-reload"]
+    cmd = [sys.executable, "-m", "eagle3_pipeline.validate.cli", "--no-reload"]
 
     # once through a real process: the exit status and a parseable --json report
     fail = subprocess.run(

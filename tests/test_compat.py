@@ -1,4 +1,4 @@
-"""Tripwires for the speculators internals that ``eagle3_pipeline.compat`` relies on.
+"""Tripwires for the speculators internals that ``eagle3_pipeline.compat.speculators`` relies on.
 
 Each assertion names one internal of speculators 0.9; when an upgrade moves it, this file
 fails with that name instead of the pipeline misbehaving quietly (a flex-attention model
@@ -101,7 +101,7 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict[st
 def test_load_draft_offline_with_a_hub_id(
     saved: tuple[Path, Path, dict[str, torch.Tensor]],
 ) -> None:
-    from eagle3_pipeline.compat import load_draft
+    from eagle3_pipeline.compat.speculators import load_draft
 
     draft, target, state = saved
     published = json.loads((draft / "config.json").read_text())
@@ -125,7 +125,7 @@ def test_load_draft_offline_with_a_hub_id(
 def test_load_draft_needs_a_local_target(
     saved: tuple[Path, Path, dict[str, torch.Tensor]], tmp_path: Path
 ) -> None:
-    from eagle3_pipeline.compat import load_draft
+    from eagle3_pipeline.compat.speculators import load_draft
 
     draft, _, _ = saved
     with pytest.raises(FileNotFoundError, match="config.json"):
@@ -174,7 +174,7 @@ def test_stock_trainer_runs_a_step_on_cpu(saved) -> None:
     from speculators.train.trainer import TrainerConfig
     from torch.utils.data import DataLoader
 
-    from eagle3_pipeline.compat import speculators_trainer
+    from eagle3_pipeline.compat.speculators import speculators_trainer
 
     draft_dir, target_dir, _ = saved
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eagle3_pipeline.config import (
+from eagle3_pipeline.core.config import (
     Config,
     ConfigError,
     compose_yaml,
@@ -102,7 +102,7 @@ def test_stage_cli_exits_2_with_one_line_on_a_typo(tmp_path):
 
 def test_compose_check_detects_stale_params(tmp_path):
     out = tmp_path / "params.yaml"
-    cmd = [sys.executable, "-m", "eagle3_pipeline.compose", "--conf-dir", str(REPO / "conf"),
+    cmd = [sys.executable, "-m", "eagle3_pipeline.core.compose", "--conf-dir", str(REPO / "conf"),
            "--out", str(out)]
     assert subprocess.run(cmd, capture_output=True, timeout=120).returncode == 0
     assert subprocess.run([*cmd, "--check"], capture_output=True, timeout=120).returncode == 0

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_pipeline.config import ConfigError, DataConfig, load_config
-from eagle3_pipeline.data import (
+from eagle3_pipeline.core.config import ConfigError, DataConfig, load_config
+from eagle3_pipeline.data.conversations import (
     ErrorLog,
     StageInputError,
     end_of_turn_ids,
@@ -23,7 +23,7 @@ from eagle3_pipeline.data import (
     token_frequencies,
     write_prepared,
 )
-from eagle3_pipeline.tiny import END_OF_TURN
+from eagle3_pipeline.targets.tiny import END_OF_TURN
 
 FIXTURES = Path(__file__).parent / "fixtures" / "data"
 REPO = Path(__file__).resolve().parents[1]
@@ -221,7 +221,7 @@ def test_heldout_is_drawn_first_and_training_sets_are_prefixes():
 def test_stage_outputs_heldout_stability_and_prefix_rows(workdir):
     from datasets import load_from_disk
 
-    from eagle3_pipeline.preparation import heldout_path, prepare, prepared_dir
+    from eagle3_pipeline.data.prepare import heldout_path, prepare, prepared_dir
     from eagle3_pipeline.stages.prepare import run
 
     base = ("data.regenerate=false",)

@@ -13,12 +13,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eagle3_pipeline import hidden_states as H
-from eagle3_pipeline import vllm_extract as V
-from eagle3_pipeline.config import load_config
-from eagle3_pipeline.runner import StageError
-from eagle3_pipeline.target import load_target_spec
-from eagle3_pipeline.vllm_server import VllmServer
+from eagle3_pipeline.core.config import load_config
+from eagle3_pipeline.extract import hidden_states as H
+from eagle3_pipeline.extract import vllm_backend as V
+from eagle3_pipeline.serving.server import VllmServer
+from eagle3_pipeline.stages.runner import StageError
+from eagle3_pipeline.targets.adapter import load_target_spec
 
 REPO = Path(__file__).resolve().parents[1]
 ROW_TOKENS = 40  # short rows keep the CPU forwards fast
@@ -30,7 +30,7 @@ def make_rows(workdir: Path, n: int, max_len: int = ROW_TOKENS, offset: int = 0)
     from datasets import Dataset
     from transformers import AutoTokenizer
 
-    from eagle3_pipeline.corpus import builtin_conversations
+    from eagle3_pipeline.data.corpus import builtin_conversations
 
     tok = AutoTokenizer.from_pretrained(workdir / "data/target/model")
     convs = builtin_conversations(0)[offset : offset + n]
@@ -116,7 +116,7 @@ def test_batch_plan_is_padding_aware_deterministic_and_prefix_stable():
 
 
 def _reference(model_dir: Path, ids: list[int]):
-    from eagle3_pipeline.tiny import load_target_model
+    from eagle3_pipeline.targets.tiny import load_target_model
 
     model = load_target_model(model_dir)
     with torch.no_grad():

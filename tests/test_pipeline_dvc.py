@@ -94,7 +94,7 @@ def repo_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     data = yaml.safe_load(conf.read_text())
     _merge(data, REDUCED)
     conf.write_text(yaml.safe_dump(data, sort_keys=False))
-    _run(dst, sys.executable, "-m", "eagle3_pipeline.compose")
+    _run(dst, sys.executable, "-m", "eagle3_pipeline.core.compose")
     _run(dst, "git", "init", "-q")
     _run(dst, "git", "add", "-A")
     _run(dst, "git", "commit", "-qm", "reduced config")
@@ -123,7 +123,7 @@ def test_repro_end_to_end_then_cached_then_train_only_change(repo_copy: Path):
     assert json.loads((repo_copy / "metrics/preflight.json").read_text())["passed"] is True
 
     # the plan's storage estimate matches what extract wrote (within 10%)
-    _run(repo_copy, sys.executable, "-m", "eagle3_pipeline.plan", "--params", "params.yaml",
+    _run(repo_copy, sys.executable, "-m", "eagle3_pipeline.plan.plan", "--params", "params.yaml",
          "--out", str(repo_copy / "plan_out"))
     plan = json.loads((repo_copy / "plan_out/plan.json").read_text())
     written = json.loads((repo_copy / "metrics/extract.json").read_text())["bytes_written"]

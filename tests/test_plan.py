@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from machines import cfg_for
 
-from eagle3_pipeline import plan, resources
-from eagle3_pipeline.config import Config, ConfigError
-from eagle3_pipeline.gpu import MemoryReader
-from eagle3_pipeline.preflight import TorchView, run_preflight
+from eagle3_pipeline.core.config import Config, ConfigError
+from eagle3_pipeline.plan import plan, resources
+from eagle3_pipeline.preflight.checks import TorchView, run_preflight
+from eagle3_pipeline.preflight.gpu import MemoryReader
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
@@ -158,7 +158,7 @@ def test_plan_commands_for_the_kimi_profile(tmp_path):
         assert part in c["extract_server"]
     assert c["train"][0].startswith("python -m eagle3_pipeline.stages.train --params params.yaml")
     assert c["train"][1] == (
-        "torchrun --standalone --nproc_per_node 8 -m eagle3_pipeline.training --params "
+        "torchrun --standalone --nproc_per_node 8 -m eagle3_pipeline.train.trainer --params "
         f"params.yaml --out {cfg.data_dir}/train_state/rank0_metrics.json"
     )
     assert (
@@ -196,7 +196,7 @@ def test_cli_kimi_plan_prints_and_writes(tmp_path):
         [
             sys.executable,
             "-m",
-            "eagle3_pipeline.plan",
+            "eagle3_pipeline.plan.plan",
             *KIMI,
             "train.samples=1000",
             f"data_dir={tmp_path / 'data'}",

@@ -11,10 +11,16 @@ from pathlib import Path
 import pytest
 from machines import BLACKWELL, cfg_for, rtx
 
-from eagle3_pipeline import preflight
-from eagle3_pipeline.config import Config
-from eagle3_pipeline.gpu import GpuInfo, GpuProcess, MemoryReader, NoGpuDriver, select_visible
-from eagle3_pipeline.preflight import TorchView, run_preflight
+from eagle3_pipeline.core.config import Config
+from eagle3_pipeline.preflight import checks as preflight
+from eagle3_pipeline.preflight.checks import TorchView, run_preflight
+from eagle3_pipeline.preflight.gpu import (
+    GpuInfo,
+    GpuProcess,
+    MemoryReader,
+    NoGpuDriver,
+    select_visible,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
@@ -28,7 +34,7 @@ def h200(i: int) -> GpuInfo:
 
 def vllm_build(cpu: bool):
     """An in-memory reading of the vLLM environment (the real one is probed in the CPU tests)."""
-    from eagle3_pipeline.vllm_env import VllmProbe
+    from eagle3_pipeline.serving.env import VllmProbe
 
     version = "0.32.0+cpu" if cpu else "0.33.0"
     return lambda cfg: VllmProbe(python="/venv/bin/python", version=version, cpu_build=cpu,
@@ -316,7 +322,7 @@ def _has_driver() -> bool:
 
 
 def test_vllm_environment_missing_or_of_the_wrong_build(tmp_path):
-    from eagle3_pipeline.vllm_env import VllmProbe
+    from eagle3_pipeline.serving.env import VllmProbe
 
     missing = run(cfg_for(tmp_path, "hardware=h200_x1"), [h200(0)], vllm_probe=lambda cfg: VllmProbe(
         python="None", error="no vLLM environment: /x/.venv-vllm does not exist"))

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from eagle3_pipeline.corpus import builtin_conversations
-from eagle3_pipeline.data import end_of_turn_ids, load_tokenizer, render_ids
-from eagle3_pipeline.regenerate import (
+from eagle3_pipeline.data.conversations import end_of_turn_ids, load_tokenizer, render_ids
+from eagle3_pipeline.data.corpus import builtin_conversations
+from eagle3_pipeline.data.regenerate import (
     GenerationCache,
     HFBackend,
     Reasoning,
@@ -26,7 +26,7 @@ from eagle3_pipeline.regenerate import (
     plan_turns,
     regenerate_rows,
 )
-from eagle3_pipeline.tiny import load_target_model
+from eagle3_pipeline.targets.tiny import load_target_model
 
 REPO = Path(__file__).resolve().parents[1]
 MAX_NEW = 24
@@ -293,8 +293,8 @@ def test_unreachable_server_is_a_clear_error():
 def test_stage_regenerates_through_the_server_backend(tiny_target, server, tmp_path, monkeypatch):
     from datasets import load_from_disk
 
-    from eagle3_pipeline.config import load_config
-    from eagle3_pipeline.preparation import prepare, prepared_dir
+    from eagle3_pipeline.core.config import load_config
+    from eagle3_pipeline.data.prepare import prepare, prepared_dir
 
     shutil.copytree(REPO / "conf", tmp_path / "conf")
     (tmp_path / "data").mkdir()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from eagle3_pipeline.target import default_aux_layer_ids, load_target_spec
+from eagle3_pipeline.targets.adapter import default_aux_layer_ids, load_target_spec
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -53,7 +53,7 @@ def test_tiny_kimi_is_a_nested_kimi_k25_under_the_real_weight_names(tiny_target)
 def test_tiny_kimi_reloads_with_transformers_and_identical_logits(tiny_target):
     import torch
 
-    from eagle3_pipeline.tiny import load_target_model
+    from eagle3_pipeline.targets.tiny import load_target_model
 
     spec = _spec(tiny_target)
     a = load_target_model(tiny_target / spec.path)
@@ -94,8 +94,8 @@ def test_chat_template_drops_past_reasoning(tiny_target):
 
 def test_tiny_target_build_is_deterministic(tmp_path):
     """Same seed -> the same tokenizer and the same weights, bit for bit."""
-    from eagle3_pipeline.config import load_config
-    from eagle3_pipeline.tiny import build_tiny_target
+    from eagle3_pipeline.core.config import load_config
+    from eagle3_pipeline.targets.tiny import build_tiny_target
 
     cfg = load_config(["target.train_steps=3"], conf_dir=REPO / "conf")
     dirs = [tmp_path / "a", tmp_path / "b"]
@@ -113,8 +113,8 @@ def test_tiny_target_build_is_deterministic(tmp_path):
 
 def test_trained_tiny_target_beats_unigram_by_half(tmp_path):
     """The default target training makes it language-like: perplexity <= 0.5x unigram."""
-    from eagle3_pipeline.config import load_config
-    from eagle3_pipeline.tiny import build_tiny_target
+    from eagle3_pipeline.core.config import load_config
+    from eagle3_pipeline.targets.tiny import build_tiny_target
 
     cfg = load_config(["target.train_steps=120"], conf_dir=REPO / "conf")
     m = build_tiny_target(cfg.model.tiny, cfg.target, tmp_path / "t", cfg.seed, progress=False)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_pipeline.config import ConfigError, ModelConfig
-from eagle3_pipeline.target import describe_config, describe_target, read_weight_names
+from eagle3_pipeline.core.config import ConfigError, ModelConfig
+from eagle3_pipeline.targets.adapter import describe_config, describe_target, read_weight_names
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "kimi_k25"
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 
-from eagle3_pipeline.config import ConfigError, load_config
+from eagle3_pipeline.core.config import ConfigError, load_config
 
 # A reduced config: a few dozen rows, short sequences, small packs, a small draft vocab.
 REDUCED = [
@@ -42,9 +42,9 @@ def make_training_data(workdir: Path, n_convs: int = 40, max_len: int = 160) -> 
     from safetensors.torch import save_file
     from transformers import AutoTokenizer
 
-    from eagle3_pipeline.corpus import builtin_conversations
-    from eagle3_pipeline.target import load_target_spec
-    from eagle3_pipeline.tiny import load_target_model
+    from eagle3_pipeline.data.corpus import builtin_conversations
+    from eagle3_pipeline.targets.adapter import load_target_spec
+    from eagle3_pipeline.targets.tiny import load_target_model
 
     data = workdir / "data"
     spec = load_target_spec(data / "target" / "target.json")
@@ -128,7 +128,7 @@ def run_in(tmp_path: Path):
 
 
 def _spec(**kw: Any) -> Any:
-    from eagle3_pipeline.target import TargetSpec
+    from eagle3_pipeline.targets.adapter import TargetSpec
 
     base = dict(
         name="t", model_type="x", architecture="A", vllm_architecture="A",
@@ -142,8 +142,8 @@ def _spec(**kw: Any) -> Any:
 
 
 def test_draft_shape_is_not_inherited_from_an_mla_moe_target() -> None:
-    from eagle3_pipeline.config import DraftShapeConfig
-    from eagle3_pipeline.draft import resolve_draft_shape
+    from eagle3_pipeline.core.config import DraftShapeConfig
+    from eagle3_pipeline.draft.shape import resolve_draft_shape
 
     kimi = resolve_draft_shape(DraftShapeConfig(), _spec())
     assert kimi.hidden_size == 7168 and kimi.layer_type == "llama"
@@ -160,8 +160,8 @@ def test_draft_shape_is_not_inherited_from_an_mla_moe_target() -> None:
 
 
 def test_vocab_always_holds_end_of_turn_and_reasoning_markers(tiny_target: Path) -> None:
-    from eagle3_pipeline import tiny
-    from eagle3_pipeline.draft import build_vocab_mapping, special_token_ids
+    from eagle3_pipeline.draft.shape import build_vocab_mapping, special_token_ids
+    from eagle3_pipeline.targets import tiny
 
     found = special_token_ids(tiny_target / "data" / "target" / "model")
     assert {tiny.END_OF_TURN, *tiny.REASONING_MARKERS} <= set(found)
@@ -176,7 +176,7 @@ def test_vocab_always_holds_end_of_turn_and_reasoning_markers(tiny_target: Path)
 def test_killed_run_resumes_and_the_draft_learns(kimi_data: Path, run_in) -> None:
     import psutil
 
-    from eagle3_pipeline.compat import load_draft
+    from eagle3_pipeline.compat.speculators import load_draft
     from eagle3_pipeline.stages.train import main
 
     work = run_in(kimi_data)
@@ -212,7 +212,7 @@ def test_killed_run_resumes_and_the_draft_learns(kimi_data: Path, run_in) -> Non
 
 
 def _expect_refusal(overrides: list[str], match: str) -> None:
-    from eagle3_pipeline import training
+    from eagle3_pipeline.train import trainer as training
 
     with pytest.raises((ConfigError, training.TrainingError), match=match):
         training.plan_training(load_config([*REDUCED, *overrides]))
@@ -243,7 +243,7 @@ def test_refuses_hidden_states_of_another_target(kimi_data: Path, run_in, edit, 
 def test_refuses_a_file_whose_tokens_differ_from_its_row(kimi_data: Path, run_in) -> None:
     from safetensors.torch import load_file, save_file
 
-    from eagle3_pipeline.compat import strict_hidden_states_dataset
+    from eagle3_pipeline.compat.speculators import strict_hidden_states_dataset
 
     work = run_in(kimi_data)
     f = work / "data/hidden_states/hs_1.safetensors"
@@ -280,7 +280,7 @@ def _planned_batches(work: Path, overrides: list[str], world: int) -> list[list[
     """``[epoch][rank] -> batches of row ids``, from speculators' sampler as the plan has it."""
     from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
 
-    from eagle3_pipeline.compat import strict_hidden_states_dataset
+    from eagle3_pipeline.compat.speculators import strict_hidden_states_dataset
 
     cfg = load_config(overrides)
     t = cfg.train
@@ -318,8 +318,8 @@ def _check_multiprocess_run(work: Path, args: list[str], parallel: str) -> dict[
     a reloadable draft, no process left behind."""
     import psutil
 
-    from eagle3_pipeline.compat import load_draft
-    from eagle3_pipeline.training import choose_parallel, plan_training
+    from eagle3_pipeline.compat.speculators import load_draft
+    from eagle3_pipeline.train.trainer import choose_parallel, plan_training
 
     m = json.loads((work / "metrics/train.json").read_text())
     assert m["world_size"] == 2 and m["parallel"] == parallel
@@ -348,7 +348,7 @@ def _check_multiprocess_run(work: Path, args: list[str], parallel: str) -> dict[
         assert rec["rows_seen"] == len(rows[0] | rows[1]) <= rec["train_rows"]
 
     p = plan_training(load_config(args))
-    from eagle3_pipeline.draft import estimate_parameters
+    from eagle3_pipeline.draft.shape import estimate_parameters
 
     assert estimate_parameters(p.shape, len(p.spec.aux_layer_ids), 512,
                                p.spec.vocab_size)[0] == m["trainable_parameters"]
@@ -401,9 +401,9 @@ def test_fsdp_on_two_cpu_workers_checkpoints_and_resumes(kimi_data: Path, run_in
 
 
 def test_parallel_mode_selection() -> None:
-    from eagle3_pipeline.config import Config, DraftShapeConfig
-    from eagle3_pipeline.draft import estimate_parameters, resolve_draft_shape
-    from eagle3_pipeline.training import choose_parallel, dist_backend, resolve_runtime
+    from eagle3_pipeline.core.config import Config, DraftShapeConfig
+    from eagle3_pipeline.draft.shape import estimate_parameters, resolve_draft_shape
+    from eagle3_pipeline.train.trainer import choose_parallel, dist_backend, resolve_runtime
 
     kimi, cfg = _spec(), Config()
     cfg.train.draft_vocab_size = 32000

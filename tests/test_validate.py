@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_pipeline.vllm_validate import (
+from eagle3_pipeline.validate.vllm import (
     _scrape,
     acceptance_figures,
     counter_delta,

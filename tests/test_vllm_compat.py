@@ -1,4 +1,4 @@
-"""Each workaround in eagle3_pipeline.vllm_compat exists because of a bug or gap in the
+"""Each workaround in eagle3_pipeline.compat.vllm exists because of a bug or gap in the
 installed vLLM. These tests run that vLLM and FAIL once the bug is fixed upstream: then
 the workaround (and this test) can go."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from vllm_helpers import run_in_vllm
 
-from eagle3_pipeline import vllm_compat
+from eagle3_pipeline.compat import vllm as vllm_compat
 
 pytestmark = pytest.mark.slow
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_pipeline import vllm_compat
-from eagle3_pipeline.config import load_config
-from eagle3_pipeline.target import TargetSpec
-from eagle3_pipeline.vllm_engine import build_engine
+from eagle3_pipeline.compat import vllm as vllm_compat
+from eagle3_pipeline.core.config import load_config
+from eagle3_pipeline.serving.engine import build_engine
+from eagle3_pipeline.targets.adapter import TargetSpec
 
 REPO = Path(__file__).resolve().parents[1]
 

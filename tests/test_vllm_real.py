@@ -17,16 +17,16 @@ import torch
 from safetensors.torch import load_file
 from test_extract import config, workdir_for
 
-from eagle3_pipeline import hidden_states as H
-from eagle3_pipeline import vllm_extract as V
-from eagle3_pipeline.acceptance import load_prompts
-from eagle3_pipeline.config import load_config
-from eagle3_pipeline.target import load_target_spec
-from eagle3_pipeline.validation import stop_token_ids
-from eagle3_pipeline.vllm_engine import build_engine
-from eagle3_pipeline.vllm_env import find_python
-from eagle3_pipeline.vllm_offline import VllmRunError, run_offline
-from eagle3_pipeline.vllm_validate import VllmError, run_served
+from eagle3_pipeline.core.config import load_config
+from eagle3_pipeline.extract import hidden_states as H
+from eagle3_pipeline.extract import vllm_backend as V
+from eagle3_pipeline.serving.engine import build_engine
+from eagle3_pipeline.serving.env import find_python
+from eagle3_pipeline.serving.offline import VllmRunError, run_offline
+from eagle3_pipeline.targets.adapter import load_target_spec
+from eagle3_pipeline.validate.acceptance import load_prompts
+from eagle3_pipeline.validate.run import stop_token_ids
+from eagle3_pipeline.validate.vllm import VllmError, run_served
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -95,7 +95,7 @@ def test_vllm_extraction_equals_the_hf_backend(tiny_target, tmp_path):
 def test_regeneration_through_vllm_serve_equals_transformers(tiny_target, tmp_path):
     """The prepare stage with ``data.regenerate_backend=server`` (and ``start``): vLLM's
     greedy answers give the same rows, token for token, as the in-process hf backend."""
-    from eagle3_pipeline.preparation import prepare
+    from eagle3_pipeline.data.prepare import prepare
 
     port = _free_port()
     common = ["train.samples=6", "data.max_new_tokens=16", "data.heldout_size=2"]

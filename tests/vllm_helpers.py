@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 import textwrap
 
-from eagle3_pipeline.vllm_env import find_python, worker_env
+from eagle3_pipeline.serving.env import find_python, worker_env
 
 
 def run_in_vllm(code: str, timeout: float = 600.0,

@@ -15,13 +15,13 @@ def make_workdir(tiny_target: Path, root: Path, n_prompts: int = 3) -> Path:
     and held-out prompts in the prepare stage's format."""
     from transformers import AutoTokenizer
 
-    from eagle3_pipeline.config import DraftShapeConfig
-    from eagle3_pipeline.corpus import builtin_conversations
-    from eagle3_pipeline.data import render_ids
-    from eagle3_pipeline.draft import build_draft, build_vocab_mapping, resolve_draft_shape
-    from eagle3_pipeline.target import load_target_spec
-    from eagle3_pipeline.training import save_draft
-    from eagle3_pipeline.validation import stop_token_ids
+    from eagle3_pipeline.core.config import DraftShapeConfig
+    from eagle3_pipeline.data.conversations import render_ids
+    from eagle3_pipeline.data.corpus import builtin_conversations
+    from eagle3_pipeline.draft.shape import build_draft, build_vocab_mapping, resolve_draft_shape
+    from eagle3_pipeline.targets.adapter import load_target_spec
+    from eagle3_pipeline.train.trainer import save_draft
+    from eagle3_pipeline.validate.run import stop_token_ids
 
     shutil.copytree(tiny_target / "conf", root / "conf")
     shutil.copytree(tiny_target / "data" / "target", root / "data" / "target")

@@ -5,6 +5,6 @@ root before it composes ``conf/`` for ``dvc exp run``; the schema then validates
 overrides (an unknown key or a wrong type fails before any stage runs).
 """
 
-from eagle3_pipeline.config import register_schema
+from eagle3_pipeline.core.config import register_schema
 
 register_schema()

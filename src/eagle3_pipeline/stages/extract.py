@@ -6,20 +6,20 @@ from __future__ import annotations
 
 import logging
 
-from ..config import Config
-from ..io import atomic_write_json
-from ..runner import metrics_path, run_stage
+from eagle3_pipeline.core.config import Config
+from eagle3_pipeline.core.io import atomic_write_json
+from eagle3_pipeline.stages.runner import metrics_path, run_stage
 
 log = logging.getLogger(__name__)
 
 
 def run(cfg: Config) -> None:
     if cfg.extract.backend == "vllm":
-        from ..vllm_extract import extract_vllm
+        from eagle3_pipeline.extract.vllm_backend import extract_vllm
 
         metrics = extract_vllm(cfg)
     else:
-        from ..hidden_states import extract_hf
+        from eagle3_pipeline.extract.hidden_states import extract_hf
 
         metrics = extract_hf(cfg)
     name = "extract" if cfg.extract.world_size == 1 else f"extract.rank{cfg.extract.rank}"

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import logging
 
-from ..config import Config
-from ..preflight import render, run_preflight, write_outputs
-from ..runner import StageError, metrics_path, run_stage
+from eagle3_pipeline.core.config import Config
+from eagle3_pipeline.preflight.checks import render, run_preflight, write_outputs
+from eagle3_pipeline.stages.runner import StageError, metrics_path, run_stage
 
 log = logging.getLogger(__name__)
 

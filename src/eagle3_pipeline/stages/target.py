@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import logging
 
-from ..config import Config
-from ..io import atomic_write_json
-from ..resolve import resolve_target
-from ..runner import metrics_path, run_stage
+from eagle3_pipeline.core.config import Config
+from eagle3_pipeline.core.io import atomic_write_json
+from eagle3_pipeline.stages.runner import metrics_path, run_stage
+from eagle3_pipeline.targets.resolve import resolve_target
 
 log = logging.getLogger(__name__)
 

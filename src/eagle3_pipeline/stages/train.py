@@ -20,16 +20,16 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..config import Config
-from ..io import atomic_write_json
-from ..runner import StageError, metrics_path, run_stage
+from eagle3_pipeline.core.config import Config
+from eagle3_pipeline.core.io import atomic_write_json
+from eagle3_pipeline.stages.runner import StageError, metrics_path, run_stage
 
 log = logging.getLogger(__name__)
 
 
 def gpu_reading(cfg: Config) -> dict[str, Any]:
     """NVML after the workers exited, compared with preflight's reading when it has one."""
-    from .. import gpu
+    from eagle3_pipeline.preflight.checks import gpu
 
     after = gpu.snapshot()
     if after.get("mode") != "cuda":
@@ -80,7 +80,7 @@ def launch_torchrun(cfg: Config, nproc: int, device: str = "cuda") -> dict[str, 
         out = Path(tmp) / "metrics.json"
         cmd = [
             sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc_per_node={nproc}", "-m", "eagle3_pipeline.training",
+            f"--nproc_per_node={nproc}", "-m", "eagle3_pipeline.train.trainer",
             "--params", str(params), "--out", str(out),
         ]
         log.info("launching: %s", " ".join(cmd))
@@ -115,7 +115,7 @@ def launch_torchrun(cfg: Config, nproc: int, device: str = "cuda") -> dict[str, 
         metrics = json.loads(out.read_text(encoding="utf-8"))
         metrics["launcher"] = {
             "command": f"torchrun --standalone --nproc_per_node={nproc} "
-                       "-m eagle3_pipeline.training",
+                       "-m eagle3_pipeline.train.trainer",
             "nproc": nproc,
             "process_group": proc.pid,
             "survivors": len(survivors),
@@ -124,7 +124,7 @@ def launch_torchrun(cfg: Config, nproc: int, device: str = "cuda") -> dict[str, 
 
 
 def run(cfg: Config) -> None:
-    from .. import training
+    from eagle3_pipeline.train import trainer as training
 
     try:
         plan = training.plan_training(cfg)  # every refusal before any process starts

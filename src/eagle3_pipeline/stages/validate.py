@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import logging
 
-from ..config import Config
-from ..io import atomic_dir, atomic_write_json, remove_path
-from ..report import validation_files
-from ..runner import run_stage
-from ..validation import paths, runtime, validate_draft
+from eagle3_pipeline.core.config import Config
+from eagle3_pipeline.core.io import atomic_dir, atomic_write_json, remove_path
+from eagle3_pipeline.stages.runner import run_stage
+from eagle3_pipeline.validate.report import validation_files
+from eagle3_pipeline.validate.run import paths, runtime, validate_draft
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,63 @@
+"""Every workaround of vLLM's own bugs and gaps, in one place (vLLM's CPU build, 0.32).
+
+Each function says when it applies; :mod:`eagle3_pipeline.serving.engine` asks them and
+nothing else decides. ``tests/test_vllm_compat.py`` runs the real vLLM and fails when a
+bug below is fixed upstream, so the workaround can then be dropped.
+
+1. **MLA off when a draft is served on the CPU build.** EAGLE-3 with MLA enabled fails
+   at engine start: "No common block size for 16 (CPU_MLA: [16]; CPU_ATTN:
+   [MultipleOf(32)])" — the draft's attention wants multiples of 32, CPU_MLA insists on 16
+   and ``block_size=32`` is overridden. ``VLLM_MLA_DISABLE=1`` runs the target without the
+   MLA kernels; only engines with a draft pay for it (plain serving keeps MLA).
+2. **The rotary custom op off for MLA targets with plain rope on the CPU build.**
+   ``RotaryEmbedding.forward_cpu`` is wrong for the 3-D ``[tokens, heads, rope_dim]``
+   query/key that MLA passes (exact for 2-D input). Targets with yarn scaling (the real
+   Kimi-K2.5 and our tiny one) get ``DeepseekScalingRotaryEmbedding``, which has no CPU
+   kernel and takes the native path, so they are not affected.
+3. **A CPU hidden-states connector.** The upstream ``ExampleHiddenStatesConnector``
+   copies through CUDA streams and pinned memory; on the CPU build the extraction server
+   loads :class:`eagle3_pipeline.serving.connector.CpuHiddenStatesConnector` instead.
+4. **The KV cache size on the CPU build** is a process-wide env var
+   (``VLLM_CPU_KVCACHE_SPACE``, GiB), not ``gpu_memory_utilization``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+UPSTREAM_CONNECTOR = "ExampleHiddenStatesConnector"
+CPU_CONNECTOR = "CpuHiddenStatesConnector"
+CPU_CONNECTOR_MODULE = "eagle3_pipeline.serving.connector"
+
+
+def mla_disabled(cpu_build: bool, mla: bool, with_draft: bool) -> bool:
+    """Workaround 1: disable MLA for this engine."""
+    return cpu_build and mla and with_draft
+
+
+def rotary_op_disabled(cpu_build: bool, mla: bool, rope_type: str) -> bool:
+    """Workaround 2: plain rope (vLLM's ``RotaryEmbedding``) on an MLA target, CPU build."""
+    return cpu_build and mla and rope_type in ("default", "linear", "dynamic")
+
+
+def engine_env(cpu_build: bool, mla: bool, with_draft: bool,
+               kvcache_space_gib: float | None) -> dict[str, str]:
+    env: dict[str, str] = {}
+    if mla_disabled(cpu_build, mla, with_draft):
+        env["VLLM_MLA_DISABLE"] = "1"
+    if cpu_build and kvcache_space_gib:
+        env["VLLM_CPU_KVCACHE_SPACE"] = f"{kvcache_space_gib:g}"
+    return env
+
+
+def compilation_config(cpu_build: bool, mla: bool, rope_type: str) -> dict[str, Any] | None:
+    if rotary_op_disabled(cpu_build, mla, rope_type):
+        return {"custom_ops": ["-rotary_embedding"]}
+    return None
+
+
+def hidden_states_connector(cpu_build: bool) -> dict[str, str]:
+    """Workaround 3: the ``kv_connector`` fields of ``--kv-transfer-config``."""
+    if cpu_build:
+        return {"kv_connector": CPU_CONNECTOR, "kv_connector_module_path": CPU_CONNECTOR_MODULE}
+    return {"kv_connector": UPSTREAM_CONNECTOR}

@@ -1,0 +1,504 @@
+"""Conversations -> speculators training rows (``input_ids``, ``loss_mask``, ``seq_len``).
+
+Loading: the built-in corpus, a local JSONL/JSON file in ShareGPT form
+(``conversations: [{from, value}]``) or OpenAI form (``messages: [{role, content,
+reasoning_content?}]``), or a Hugging Face dataset (network only). Every record is
+normalised to OpenAI form; a bad record is reported with its file and line, counted by
+reason, and skipped or fatal (``data.on_error``).
+
+Rows are built the way speculators' own preprocessing builds them (one row per assistant
+turn; the context is the conversation before that turn rendered by the target's chat
+template WITH the generation prompt, so past reasoning is dropped exactly as the target
+sees it at inference), with two deliberate differences:
+
+- we render locally with the target's tokenizer instead of a vLLM ``/render`` endpoint,
+  because the default run has no server; the boundary rule is the same: the full render
+  of ``conv[:j+1]`` must extend the generation-prompt render of ``conv[:j]``, else the
+  row is a ``prefix_unstable`` error (speculators tries a common-prefix fallback; a
+  template that diverges there re-renders reasoning differently from inference, and we
+  would rather count it than train on a boundary we cannot explain);
+- supervision stops at the turn's end-of-turn token: whatever a template renders after
+  it (Qwen's ``\\n``) is never generated at inference, so it is cut, not supervised.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eagle3_pipeline.core.config import Config, ConfigError, DataConfig
+
+log = logging.getLogger(__name__)
+
+ROLE_ALIASES = {
+    "user": "user",
+    "human": "user",
+    "assistant": "assistant",
+    "gpt": "assistant",
+    "chatgpt": "assistant",
+    "model": "assistant",
+    "system": "system",
+}
+REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
+MAX_LOGGED_ERRORS = 5
+
+
+class StageInputError(ValueError):
+    """Bad input that ``data.on_error=fail`` turns into a failed stage."""
+
+
+class BadConversation(ValueError):
+    """One input record that cannot be used; ``reason`` is the metrics key."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass
+class ErrorLog:
+    """Counts bad input by reason; logs the first few, or raises under ``on_error=fail``."""
+
+    on_error: str = "skip"
+    counts: Counter[str] = field(default_factory=Counter)
+    unreadable: int = 0  # records that could not even be parsed (still conversations in)
+
+    def add(self, reason: str, message: str, unreadable: bool = False) -> None:
+        self.counts[reason] += 1
+        self.unreadable += unreadable
+        if self.on_error == "fail":
+            raise StageInputError(f"{message} (data.on_error=fail; use skip to count and go on)")
+        if sum(self.counts.values()) <= MAX_LOGGED_ERRORS:
+            log.warning("skipped: %s", message)
+        elif sum(self.counts.values()) == MAX_LOGGED_ERRORS + 1:
+            log.warning("more input errors: counted in metrics, not logged")
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def read_records(path: Path, errors: ErrorLog) -> Iterator[tuple[str, Any]]:
+    """Yield ``(where, record)`` from a JSONL file (one object a line) or a JSON file (a
+    list, or an object holding one list). ``where`` is ``file:line`` for messages."""
+    if not path.is_file():
+        raise FileNotFoundError(f"data.path={path}: file not found")
+    raw = path.read_bytes()
+    if path.suffix == ".json" or raw.lstrip()[:1] == b"[":
+        yield from _read_json_document(path, raw, errors)
+        return
+    for lineno, line in enumerate(raw.splitlines(), start=1):
+        where = f"{path}:{lineno}"
+        if not line.strip():
+            continue
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            errors.add("non_utf8", f"{where}: not UTF-8 text (byte {exc.start})", True)
+            continue
+        try:
+            yield where, json.loads(text)
+        except json.JSONDecodeError as exc:
+            errors.add(
+                "malformed_json", f"{where}: malformed JSON ({exc.msg}, column {exc.colno})", True
+            )
+
+
+def _read_json_document(path: Path, raw: bytes, errors: ErrorLog) -> Iterator[tuple[str, Any]]:
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        errors.add("non_utf8", f"{path}:{line}: not UTF-8 text (byte {exc.start})", True)
+        return
+    except json.JSONDecodeError as exc:
+        errors.add("malformed_json", f"{path}:{exc.lineno}: malformed JSON ({exc.msg})", True)
+        return
+    if isinstance(data, dict):
+        lists = [v for v in data.values() if isinstance(v, list)]
+        if "messages" in data or "conversations" in data or len(lists) != 1:
+            data = [data]
+        else:
+            data = lists[0]
+    if not isinstance(data, list):
+        errors.add("malformed_json", f"{path}: a JSON file must hold a list of conversations", True)
+        return
+    for i, rec in enumerate(data):
+        yield f"{path}[{i}]", rec
+
+
+def _check_text(value: Any, where: str, what: str) -> str:
+    if not isinstance(value, str):
+        raise BadConversation(
+            "non_string_content", f"{where}: {what} is {type(value).__name__}, not a string"
+        )
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadConversation("non_utf8", f"{where}: {what} is not valid UTF-8 text") from None
+    return value
+
+
+def normalize_record(record: Any, where: str, fmt: str = "auto", index: int = 0) -> dict[str, Any]:
+    """One input record -> ``{"id", "messages": [{role, content, reasoning_content?}]}``.
+
+    Raises :class:`BadConversation` naming the record and the problem.
+    """
+    if not isinstance(record, dict):
+        raise BadConversation("malformed_record", f"{where}: a conversation must be a JSON object")
+    if fmt == "auto":
+        fmt = "openai" if "messages" in record else "sharegpt" if "conversations" in record else ""
+        if not fmt:
+            raise BadConversation(
+                "unknown_format", f"{where}: no 'messages' (OpenAI) or 'conversations' (ShareGPT)"
+            )
+    key, role_key, content_key = (
+        ("messages", "role", "content") if fmt == "openai" else ("conversations", "from", "value")
+    )
+    turns = record.get(key)
+    if not isinstance(turns, list):
+        raise BadConversation("malformed_record", f"{where}: '{key}' must be a list of turns")
+    if not turns:
+        raise BadConversation("empty_conversation", f"{where}: '{key}' is empty")
+    messages: list[dict[str, Any]] = []
+    for t, turn in enumerate(turns):
+        at = f"{where} {key}[{t}]"
+        if not isinstance(turn, dict) or role_key not in turn:
+            raise BadConversation("malformed_record", f"{at}: a turn needs '{role_key}'")
+        role = (
+            ROLE_ALIASES.get(str(turn[role_key]).lower())
+            if isinstance(turn[role_key], str)
+            else None
+        )
+        if role is None:
+            raise BadConversation("unknown_role", f"{at}: unknown role {turn[role_key]!r}")
+        msg: dict[str, Any] = {
+            "role": role,
+            "content": _check_text(turn.get(content_key), at, content_key),
+        }
+        for rk in REASONING_KEYS:
+            if turn.get(rk) is not None and role == "assistant":
+                reasoning = _check_text(turn[rk], at, rk)
+                if reasoning:
+                    msg["reasoning_content"] = reasoning
+                break
+        messages.append(msg)
+    if not any(m["role"] == "user" for m in messages):
+        raise BadConversation("no_user_turn", f"{where}: no user turn")
+    rid = record.get("id", record.get("uuid"))
+    cid = str(rid) if isinstance(rid, (str, int)) and str(rid) else f"conv-{index:06d}"
+    return {"id": cid, "messages": messages}
+
+
+def load_hf_records(data: DataConfig) -> Iterator[tuple[str, Any]]:
+    """Records of a Hugging Face dataset; a clear error when the hub cannot be reached."""
+    import os
+
+    if os.environ.get("HF_HUB_OFFLINE") in ("1", "true", "True") or os.environ.get(
+        "HF_DATASETS_OFFLINE"
+    ) in ("1", "true", "True"):
+        raise ConfigError(
+            f"data.source=hf, data.path={data.path}: the Hugging Face hub is disabled "
+            "(HF_HUB_OFFLINE): use a local file (data.source=file) or the builtin corpus"
+        )
+    try:
+        from datasets import load_dataset
+
+        ds = load_dataset(data.path, split=data.split)
+    except Exception as exc:  # noqa: BLE001 - network, auth and naming errors all end here
+        raise ConfigError(
+            f"data.source=hf, data.path={data.path}, split {data.split}: cannot load "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+            "without network, use a local file (data.source=file) or the builtin corpus"
+        ) from None
+    for i, rec in enumerate(ds):
+        yield f"{data.path}[{i}]", rec
+
+
+def load_conversations(
+    data: DataConfig, seed: int, require_assistant: bool = True
+) -> tuple[list[dict[str, Any]], ErrorLog, int]:
+    """All usable conversations of the configured source, the bad-input log, and the
+    number of records read. ``require_assistant``: without regeneration a conversation
+    with no assistant turn has nothing to supervise; with it, user turns suffice."""
+    errors = ErrorLog(on_error=data.on_error)
+    if data.source == "builtin":
+        from eagle3_pipeline.data.corpus import builtin_conversations
+
+        records: Iterable[tuple[str, Any]] = (
+            (f"builtin[{i}]", c) for i, c in enumerate(builtin_conversations(seed))
+        )
+    elif data.source == "file":
+        records = read_records(Path(str(data.path)), errors)
+    elif data.source == "hf":
+        records = load_hf_records(data)
+    else:
+        raise ConfigError(f"data.source={data.source!r} is not builtin, file or hf")
+    convs: list[dict[str, Any]] = []
+    seen: Counter[str] = Counter()
+    n_in = 0
+    for where, rec in records:
+        n_in += 1
+        try:
+            conv = normalize_record(rec, where, data.format, index=n_in - 1)
+            if require_assistant and not any(m["role"] == "assistant" for m in conv["messages"]):
+                raise BadConversation("no_assistant_turn", f"{where}: no assistant turn")
+        except BadConversation as exc:
+            errors.add(exc.reason, str(exc))
+            continue
+        seen[conv["id"]] += 1
+        if seen[conv["id"]] > 1:  # ids name held-out prompts: keep them unique
+            conv["id"] = f"{conv['id']}#{seen[conv['id']]}"
+        convs.append(conv)
+    return convs, errors, n_in + errors.unreadable
+
+
+# --------------------------------------------------------------------------- selection
+
+
+def select(
+    convs: list[Any], heldout_size: int, samples: int, seed: int
+) -> tuple[list[Any], list[Any]]:
+    """(held-out, training) conversations.
+
+    One shuffle with the seed: its first ``heldout_size`` are held out, the next
+    ``samples`` are trained on. So the held-out set never depends on ``train.samples``,
+    and the training set for N is a prefix of the one for any M > N.
+    """
+    if heldout_size >= len(convs):
+        raise ConfigError(
+            f"data.heldout_size={heldout_size} leaves no training conversation "
+            f"({len(convs)} usable conversations)"
+        )
+    order = list(range(len(convs)))
+    random.Random(seed).shuffle(order)
+    held = [convs[i] for i in order[:heldout_size]]
+    train = [convs[i] for i in order[heldout_size : heldout_size + samples]]
+    if len(train) < samples:
+        log.warning(
+            "train.samples=%d but only %d conversations remain after %d held out: using all",
+            samples,
+            len(train),
+            heldout_size,
+        )
+    return held, train
+
+
+# --------------------------------------------------------------------------- tokenizer
+
+
+def load_tokenizer(model_dir: str | Path, trust_remote_code: bool = False) -> Any:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=trust_remote_code)
+    if not getattr(tok, "chat_template", None):
+        raise ConfigError(f"{model_dir}: the target's tokenizer has no chat template")
+    return tok
+
+
+def end_of_turn_ids(tokenizer: Any, model_dir: str | Path) -> list[int]:
+    """The ids that end an assistant turn: generation_config's ``eos_token_id`` (what the
+    target stops on when served; Kimi's ``<|im_end|>``) plus the tokenizer's eos."""
+    ids: list[int] = []
+    gen = Path(model_dir) / "generation_config.json"
+    if gen.is_file():
+        eos = json.loads(gen.read_text(encoding="utf-8")).get("eos_token_id")
+        ids += eos if isinstance(eos, list) else [eos] if isinstance(eos, int) else []
+    if tokenizer.eos_token_id is not None:
+        ids.append(int(tokenizer.eos_token_id))
+    if not ids:
+        raise ConfigError(f"{model_dir}: no eos_token_id in generation_config.json or tokenizer")
+    return list(dict.fromkeys(ids))
+
+
+def render_ids(
+    tokenizer: Any, messages: list[dict[str, Any]], generation_prompt: bool
+) -> list[int]:
+    """Token ids of the chat template's rendering, tokenized the way vLLM's chat endpoint
+    does (render to text, then encode without adding special tokens again)."""
+    text = tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=generation_prompt
+    )
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+# --------------------------------------------------------------------------- rows
+
+
+class RowError(ValueError):
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def strip_reasoning(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in m.items() if k != "reasoning_content"} for m in messages]
+
+
+def assistant_turn_ids(
+    tokenizer: Any, context: list[dict[str, Any]], turn: dict[str, Any], eot_ids: list[int]
+) -> tuple[list[int], list[int]]:
+    """(context ids, turn ids) for one recorded assistant turn: the context is the
+    generation-prompt render of ``context``; the turn runs through its end-of-turn token.
+
+    Raises :class:`RowError` (``prefix_unstable``, ``no_end_of_turn``).
+    """
+    prompt = render_ids(tokenizer, context, generation_prompt=True)
+    full = render_ids(tokenizer, [*context, turn], generation_prompt=False)
+    if full[: len(prompt)] != prompt:
+        at = next(
+            (i for i, (a, b) in enumerate(zip(prompt, full, strict=False)) if a != b),
+            min(len(prompt), len(full)),
+        )
+        raise RowError(
+            "prefix_unstable",
+            f"the chat template is not prefix-stable here: the render with this turn "
+            f"differs from the generation-prompt render at token {at}",
+        )
+    completion = full[len(prompt) :]
+    ends = [i for i, t in enumerate(completion) if t in eot_ids]
+    if not ends:
+        raise RowError("no_end_of_turn", "the rendered assistant turn has no end-of-turn token")
+    return prompt, completion[: ends[-1] + 1]
+
+
+@dataclass
+class Row:
+    """One training row before truncation: the context ids, then the supervised ids."""
+
+    conversation: str
+    turn: int
+    context: list[int]
+    completion: list[int]
+
+
+def recorded_rows(
+    conv: dict[str, Any], tokenizer: Any, eot_ids: list[int], reasoning: str
+) -> tuple[list[Row], Counter[str]]:
+    """Rows for a conversation's recorded assistant turns (no regeneration)."""
+    rows: list[Row] = []
+    errors: Counter[str] = Counter()
+    msgs = conv["messages"]
+    for j, m in enumerate(msgs):
+        if m["role"] != "assistant" or not any(p["role"] == "user" for p in msgs[:j]):
+            continue
+        turn = m if reasoning == "keep" else strip_reasoning([m])[0]
+        try:
+            ctx, comp = assistant_turn_ids(tokenizer, msgs[:j], turn, eot_ids)
+        except RowError as exc:
+            errors[exc.reason] += 1
+            log.debug("%s turn %d: %s", conv["id"], j, exc)
+            continue
+        rows.append(Row(conv["id"], j, ctx, comp))
+    return rows, errors
+
+
+def finalize_rows(
+    rows: Iterable[Row], max_seq_len: int
+) -> tuple[list[dict[str, list[int]]], Counter[str], int]:
+    """Truncate to ``max_seq_len`` and build ``input_ids`` / ``loss_mask``; a row with no
+    supervised token left is dropped (``no_supervised_tokens``). Returns (rows, dropped,
+    number of kept rows that were truncated)."""
+    out: list[dict[str, list[int]]] = []
+    dropped: Counter[str] = Counter()
+    truncated = 0
+    for r in rows:
+        ids = (r.context + r.completion)[:max_seq_len]
+        mask = ([0] * len(r.context) + [1] * len(r.completion))[:max_seq_len]
+        if not any(mask):
+            dropped["no_supervised_tokens"] += 1
+            continue
+        truncated += len(r.context) + len(r.completion) > max_seq_len
+        out.append({"input_ids": ids, "loss_mask": mask})
+    return out, dropped, truncated
+
+
+def token_frequencies(rows: Iterable[dict[str, list[int]]]) -> dict[int, int]:
+    """Counts of supervised tokens (what speculators' ``save_token_frequency_distribution``
+    computes), sorted by id so the file is byte-stable."""
+    freq: Counter[int] = Counter()
+    for r in rows:
+        freq.update(t for t, m in zip(r["input_ids"], r["loss_mask"], strict=True) if m)
+    return dict(sorted(freq.items()))
+
+
+def write_prepared(rows: list[dict[str, list[int]]], out_dir: Path) -> dict[int, int]:
+    """Write the dataset (speculators' columns, int64, torch format as its own
+    preprocessing saves it) and ``token_freq.pt`` into ``out_dir`` atomically."""
+    import torch
+    from datasets import Dataset, Features, Sequence, Value
+
+    from eagle3_pipeline.core.io import atomic_dir
+
+    features = Features(
+        {
+            "input_ids": Sequence(Value("int64")),
+            "loss_mask": Sequence(Value("int64")),
+            "seq_len": Value("int64"),
+        }
+    )
+    ds = Dataset.from_dict(
+        {
+            "input_ids": [r["input_ids"] for r in rows],
+            "loss_mask": [r["loss_mask"] for r in rows],
+            "seq_len": [len(r["input_ids"]) for r in rows],
+        },
+        features=features,
+    )
+    ds.set_format(type="torch")
+    freq = token_frequencies(rows)
+    with atomic_dir(out_dir) as tmp:
+        ds.save_to_disk(str(tmp))
+        torch.save(freq, tmp / "token_freq.pt")
+    return freq
+
+
+# --------------------------------------------------------------------------- held-out
+
+
+def heldout_records(convs: list[dict[str, Any]], tokenizer: Any) -> list[dict[str, Any]]:
+    """One record per held-out conversation: the context through the first user turn,
+    its generation-prompt token ids, and the recorded answer to it (empty when the
+    conversation has none)."""
+    out = []
+    for c in convs:
+        msgs = c["messages"]
+        first_user = next(i for i, m in enumerate(msgs) if m["role"] == "user")
+        context = strip_reasoning(msgs[: first_user + 1])
+        answer = next((m for m in msgs[first_user + 1 :] if m["role"] == "assistant"), None)
+        out.append(
+            {
+                "id": c["id"],
+                "messages": context,
+                "prompt_ids": render_ids(tokenizer, context, generation_prompt=True),
+                "reference": answer["content"] if answer else "",
+                "reference_reasoning": (answer or {}).get("reasoning_content", ""),
+            }
+        )
+    return out
+
+
+def heldout_jsonl(records: list[dict[str, Any]]) -> str:
+    return "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in records)
+
+
+def check_data_config(cfg: Config) -> None:
+    """Checks of the prepare-specific keys (the shared validator knows the common ones)."""
+    d = cfg.data
+    if d.regenerate_backend not in ("hf", "server"):
+        raise ConfigError(f"data.regenerate_backend={d.regenerate_backend!r} is not hf or server")
+    if d.max_new_tokens < 1:
+        raise ConfigError(f"data.max_new_tokens={d.max_new_tokens} must be >= 1")
+    if d.generate_batch_size < 1:
+        raise ConfigError(f"data.generate_batch_size={d.generate_batch_size} must be >= 1")
+    if d.server.concurrency < 1:
+        raise ConfigError(f"data.server.concurrency={d.server.concurrency} must be >= 1")
+    if d.server.retries < 0:
+        raise ConfigError(f"data.server.retries={d.server.retries} must be >= 0")
+    if d.server.timeout_s <= 0:
+        raise ConfigError(f"data.server.timeout_s={d.server.timeout_s} must be > 0")

@@ -1,0 +1,167 @@
+"""Conversations -> speculators training rows (data/prepared/, with token_freq.pt) and
+held-out prompts for validation (data/heldout/prompts.jsonl): what the prepare stage builds.
+
+With ``data.regenerate``, every trained assistant turn is the target's own greedy answer,
+token for token (:mod:`eagle3_pipeline.data.regenerate`); otherwise the recorded turns are
+used (:mod:`eagle3_pipeline.data.conversations`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from eagle3_pipeline.core.config import Config
+from eagle3_pipeline.data.conversations import (
+    check_data_config,
+    end_of_turn_ids,
+    finalize_rows,
+    heldout_jsonl,
+    heldout_records,
+    load_conversations,
+    load_tokenizer,
+    recorded_rows,
+    select,
+    write_prepared,
+)
+from eagle3_pipeline.core.io import atomic_write_text
+from eagle3_pipeline.stages.runner import StageError
+from eagle3_pipeline.targets.adapter import load_target_spec
+
+log = logging.getLogger(__name__)
+
+
+def prepared_dir(cfg: Config) -> Path:
+    return Path(cfg.data_dir) / "prepared"
+
+
+def heldout_path(cfg: Config) -> Path:
+    return Path(cfg.data_dir) / "heldout" / "prompts.jsonl"
+
+
+def regenerate_cache_dir(cfg: Config) -> Path:
+    """Outside every DVC output on purpose: it survives a failed or re-run stage."""
+    return Path(cfg.data_dir) / "cache" / "regenerate"
+
+
+def make_backend(cfg: Config, spec: Any, model_dir: Path, tokenizer: Any, eot: list[int]) -> Any:
+    from eagle3_pipeline.data.regenerate import HFBackend, ServerBackend
+
+    d = cfg.data
+    if d.regenerate_backend == "hf":
+        cuda = cfg.hardware.device == "cuda"
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eot[0]
+        return HFBackend(
+            model_dir, eot, pad, d.max_new_tokens, d.generate_batch_size,
+            device="cuda" if cuda else "cpu", dtype=cfg.model.dtype if cuda else "float32",
+        )  # fmt: skip
+    s = d.server
+    return ServerBackend(
+        s.base_url, d.max_new_tokens, model=s.model, concurrency=s.concurrency,
+        timeout_s=s.timeout_s, retries=s.retries, temperature=s.temperature,
+    )  # fmt: skip
+
+
+def server_context(
+    cfg: Config, spec: Any, model_dir: Path
+) -> contextlib.AbstractContextManager[Any]:
+    """``vllm serve`` for the run when ``data.server.start``; else nothing to manage."""
+    from eagle3_pipeline.data.regenerate import managed_server
+    from eagle3_pipeline.serving.engine import build_engine, log_file
+    from eagle3_pipeline.serving.env import find_python
+
+    s = cfg.data.server
+    if cfg.data.regenerate_backend != "server" or not s.start:
+        return contextlib.nullcontext()
+    engine = build_engine(cfg, spec, model_dir, "regenerate")
+    return managed_server(engine, find_python(cfg.vllm.python), s.base_url,
+                          cfg.vllm.startup_timeout_s, cfg.vllm.shutdown_timeout_s,
+                          log_file(cfg, "regenerate"))
+
+
+def prepare(cfg: Config, progress: bool = True) -> dict[str, Any]:
+    """Build every output in memory, then write them; return the metrics."""
+    check_data_config(cfg)
+    d = cfg.data
+    t0 = time.perf_counter()
+    spec = load_target_spec(Path(cfg.data_dir) / "target" / "target.json")
+    model_dir = Path(str(spec.path))
+    tokenizer = load_tokenizer(model_dir, spec.trust_remote_code)
+    eot = end_of_turn_ids(tokenizer, model_dir)
+
+    convs, bad, n_in = load_conversations(d, cfg.seed, require_assistant=not d.regenerate)
+    if not convs:
+        raise StageError(f"data: no usable conversation among {n_in} ({dict(bad.counts)})")
+    held, train = select(convs, d.heldout_size, cfg.train.samples, cfg.seed)
+    held_text = heldout_jsonl(heldout_records(held, tokenizer))
+
+    errors: Counter[str] = Counter(bad.counts)
+    dropped: Counter[str] = Counter()
+    regen: dict[str, Any] = {}
+    if d.regenerate:
+        from eagle3_pipeline.data.regenerate import GenerationCache, cache_path, regenerate_rows
+
+        with server_context(cfg, spec, model_dir):
+            backend = make_backend(cfg, spec, model_dir, tokenizer, eot)
+            cache = GenerationCache(cache_path(regenerate_cache_dir(cfg), backend.fingerprint()))
+            rows, stats = regenerate_rows(
+                train, backend, tokenizer, eot, d.max_seq_len, d.reasoning, cache, progress
+            )
+        errors.update(stats.errors)
+        dropped.update(stats.dropped)
+        regen = stats.to_dict()
+        if stats.prompt_mismatch:
+            log.warning(
+                "%d generations were conditioned on other token ids than our chat-template "
+                "render (the server's template differs); its ids were used",
+                stats.prompt_mismatch,
+            )
+        if stats.errors:
+            log.warning(
+                "regeneration: %d failed requests %s",
+                sum(stats.errors.values()),
+                dict(stats.errors),
+            )
+    else:
+        rows = []
+        for c in train:
+            r, e = recorded_rows(c, tokenizer, eot, d.reasoning)
+            rows.extend(r)
+            errors.update(e)
+    final, drop, truncated = finalize_rows(rows, d.max_seq_len)
+    dropped.update(drop)
+    if not final:
+        raise StageError(
+            f"data: no training row left from {len(train)} conversations "
+            f"(dropped {dict(dropped)}, errors {dict(errors)})"
+        )
+
+    write_prepared(final, prepared_dir(cfg))
+    atomic_write_text(heldout_path(cfg), held_text)
+    lengths = [len(r["input_ids"]) for r in final]
+    supervised = sum(sum(r["loss_mask"]) for r in final)
+    return {
+        "source": d.source,
+        "conversations_in": n_in,
+        "conversations_invalid": n_in - len(convs),
+        "conversations_heldout": len(held),
+        "conversations_train": len(train),
+        "rows": len(final),
+        "rows_dropped": dict(sorted(dropped.items())),
+        "rows_truncated": truncated,
+        "errors": dict(sorted(errors.items())),
+        "tokens": sum(lengths),
+        "supervised_tokens": supervised,
+        "mean_tokens_per_row": sum(lengths) / len(lengths),
+        "max_tokens_per_row": max(lengths),
+        "max_seq_len": d.max_seq_len,
+        "regenerate": d.regenerate,
+        "backend": d.regenerate_backend if d.regenerate else None,
+        "reasoning": d.reasoning,
+        **({"regeneration": regen} if regen else {}),
+        "wall_s": round(time.perf_counter() - t0, 3),
+    }

@@ -1,0 +1,196 @@
+"""The one description of a vLLM engine, and the one builder of it.
+
+Extraction (``extract_hidden_states``), regeneration (plain serving), validation (target
++ EAGLE-3 draft) and the plan all need "vLLM with this target on this hardware": the
+same parallel sizes, dtype, eager mode and CPU-build workarounds. :func:`build_engine`
+makes that :class:`Engine` from the config once; an engine then renders itself as a
+``vllm serve`` command line (:meth:`Engine.serve_argv`) or as ``vllm.LLM`` keyword
+arguments (:meth:`Engine.llm_kwargs`, used by :mod:`eagle3_pipeline.serving.worker`), so the
+offline and the served paths cannot drift apart, and the plan prints what runs.
+
+Every engine carries its dtype explicitly: vLLM's ``auto`` turns a float32 checkpoint
+into bfloat16 on the CPU, which silently changes greedy outputs.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eagle3_pipeline.compat import vllm as vllm_compat
+from eagle3_pipeline.core.config import Config
+
+PURPOSES = ("extract", "regenerate", "validate", "baseline")
+
+
+@dataclass
+class Engine:
+    model: str
+    dtype: str
+    served_model_name: str
+    max_model_len: int
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
+    enable_expert_parallel: bool = False
+    gpu_memory_utilization: float = 0.9
+    enforce_eager: bool = False
+    trust_remote_code: bool = False
+    revision: str | None = None
+    seed: int = 0
+    speculative_config: dict[str, Any] | None = None
+    kv_transfer_config: dict[str, Any] | None = None
+    compilation_config: dict[str, Any] | None = None
+    enable_prefix_caching: bool | None = None
+    generation_config: str | None = None  # "vllm": ignore the model's sampling defaults
+    env: dict[str, str] = field(default_factory=dict)  # for the vLLM process
+    extra_args: list[str] = field(default_factory=list)  # `vllm serve` only
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Engine:
+        return cls(**data)
+
+    def serve_argv(self, port: int, executable: Sequence[str] = ("vllm",),
+                   host: str = "127.0.0.1") -> list[str]:
+        """``vllm serve`` as an argv list (no shell)."""
+        cmd = [*executable, "serve", self.model, "--host", host, "--port", str(int(port)),
+               "--served-model-name", self.served_model_name, "--dtype", self.dtype,
+               "--max-model-len", str(self.max_model_len), "--seed", str(self.seed),
+               "--tensor-parallel-size", str(self.tensor_parallel_size)]
+        if self.pipeline_parallel_size > 1:
+            cmd += ["--pipeline-parallel-size", str(self.pipeline_parallel_size)]
+        if self.data_parallel_size > 1:
+            cmd += ["--data-parallel-size", str(self.data_parallel_size)]
+        if self.enable_expert_parallel:
+            cmd.append("--enable-expert-parallel")
+        if self.gpu_memory_utilization != 0.9:
+            cmd += ["--gpu-memory-utilization", str(self.gpu_memory_utilization)]
+        if self.enforce_eager:
+            cmd.append("--enforce-eager")
+        if self.revision:
+            cmd += ["--revision", self.revision]
+        if self.trust_remote_code:
+            cmd.append("--trust-remote-code")
+        for flag, value in (("--speculative-config", self.speculative_config),
+                            ("--kv-transfer-config", self.kv_transfer_config),
+                            ("--compilation-config", self.compilation_config)):
+            if value is not None:
+                cmd += [flag, json.dumps(value, separators=(",", ":"))]
+        if self.enable_prefix_caching is False:
+            cmd.append("--no-enable-prefix-caching")
+        if self.generation_config:
+            cmd += ["--generation-config", self.generation_config]
+        return cmd + list(self.extra_args)
+
+    def llm_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of ``vllm.LLM`` for the same engine."""
+        kw: dict[str, Any] = {
+            "model": self.model, "dtype": self.dtype, "max_model_len": self.max_model_len,
+            "seed": self.seed, "tensor_parallel_size": self.tensor_parallel_size,
+            "pipeline_parallel_size": self.pipeline_parallel_size,
+            "enforce_eager": self.enforce_eager, "trust_remote_code": self.trust_remote_code,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "disable_log_stats": False,  # the spec-decode counters are stats
+        }
+        if self.enable_expert_parallel:
+            kw["enable_expert_parallel"] = True
+        for key in ("revision", "speculative_config", "kv_transfer_config",
+                    "compilation_config", "enable_prefix_caching", "generation_config"):
+            value = getattr(self, key)
+            if value is not None:
+                kw[key] = value
+        return kw
+
+    def shell(self, port: int, executable: Sequence[str] = ("vllm",)) -> str:
+        """The command as a user would type it, environment included."""
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        cmd = " ".join(shlex.quote(a) for a in self.serve_argv(port, executable))
+        return f"{env} {cmd}" if env else cmd
+
+
+def eagle3_config(draft_dir: str | Path, k: int) -> dict[str, Any]:
+    if k < 1:
+        raise ValueError(f"num_speculative_tokens={k} must be >= 1")
+    return {"method": "eagle3", "model": str(Path(draft_dir).absolute()),
+            "num_speculative_tokens": int(k)}
+
+
+def extract_config(layer_ids: Sequence[int]) -> dict[str, Any]:
+    """vLLM's ``extract_hidden_states`` method: the residual stream entering each listed
+    layer; id ``num_layers`` is the final state before the norm."""
+    return {"method": "extract_hidden_states", "num_speculative_tokens": 1,
+            "draft_model_config": {"hf_config": {
+                "eagle_aux_hidden_state_layer_ids": [int(i) for i in layer_ids]}}}
+
+
+def cpu_build(cfg: Config) -> bool:
+    """The CPU build serves where the hardware profile has no GPU."""
+    return cfg.hardware.device == "cpu"
+
+
+def build_engine(
+    cfg: Config,
+    spec: Any,
+    model: str | Path,
+    purpose: str,
+    *,
+    dtype: str | None = None,
+    draft_dir: str | Path | None = None,
+    k: int | None = None,
+    staging: str | Path | None = None,
+) -> Engine:
+    """The engine for ``purpose`` (extract | regenerate | validate | baseline) of target
+    ``spec`` (a :class:`~eagle3_pipeline.targets.adapter.TargetSpec`) served from ``model``."""
+    if purpose not in PURPOSES:
+        raise ValueError(f"purpose {purpose!r} is not one of {PURPOSES}")
+    s, v = cfg.hardware.serving, cfg.vllm
+    cpu = cpu_build(cfg)
+    mla = spec.attention == "mla"
+    with_draft = purpose == "validate"
+    eng = Engine(
+        model=str(Path(model).absolute()) if Path(model).exists() else str(model),
+        dtype=dtype or cfg.model.dtype,
+        served_model_name=spec.name,
+        # never beyond the model's own window (vLLM refuses that)
+        max_model_len=min(s.max_model_len, spec.max_position_embeddings or s.max_model_len),
+        tensor_parallel_size=s.tensor_parallel_size,
+        pipeline_parallel_size=s.pipeline_parallel_size,
+        data_parallel_size=s.data_parallel_size,
+        enable_expert_parallel=s.enable_expert_parallel,
+        gpu_memory_utilization=s.gpu_memory_utilization,
+        enforce_eager=cpu if v.enforce_eager is None else v.enforce_eager,
+        trust_remote_code=spec.trust_remote_code,
+        revision=spec.revision if not Path(model).exists() else None,
+        seed=cfg.seed,
+        compilation_config=vllm_compat.compilation_config(cpu, mla, spec.rope_type),
+        env=vllm_compat.engine_env(cpu, mla, with_draft, v.cpu_kvcache_space_gib),
+        extra_args=list(v.extra_args),
+    )
+    if purpose == "validate":
+        if draft_dir is None or k is None:
+            raise ValueError("a validate engine needs draft_dir and k")
+        eng.speculative_config = eagle3_config(draft_dir, k)
+    elif purpose == "extract":
+        if staging is None:
+            raise ValueError("an extract engine needs a staging directory")
+        eng.speculative_config = extract_config([*spec.aux_layer_ids, spec.num_layers])
+        eng.kv_transfer_config = {
+            **vllm_compat.hidden_states_connector(cpu),
+            "kv_role": "kv_producer",
+            "kv_connector_extra_config": {"shared_storage_path": str(Path(staging).absolute())},
+        }
+        eng.enable_prefix_caching = False  # every prompt computed, its states kept
+    elif purpose == "regenerate":
+        eng.generation_config = "vllm"  # greedy means greedy, whatever the model card says
+    return eng
+
+
+def log_file(cfg: Config, purpose: str) -> Path:
+    return Path(cfg.vllm.log_dir) / f"vllm_{purpose}.log"

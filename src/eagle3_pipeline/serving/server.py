@@ -1,0 +1,230 @@
+"""A ``vllm serve`` process that never outlives the stage that started it.
+
+Three stages start one: prepare (on-policy regeneration, ``regenerate.py``), extract
+(hidden states, ``vllm_extract.py``) and validate (vLLM's acceptance counters,
+``vllm_validate.py``). A server left behind keeps its GPU memory, and the next run then
+fails on the same GPUs far from the cause, so the lifecycle lives here once:
+
+- The server runs in its own session, so in its own process group: vLLM's engine core and
+  TP/PP workers are children of the API process and only a signal to the group reaches
+  them all. (A Ctrl-C at the terminal therefore reaches only the stage, which then stops
+  the server itself, in order.)
+- Shutdown is SIGTERM to the group, a bounded wait, SIGKILL; then SIGKILL to the group
+  once more even when the leader has exited, for workers that outlived it.
+- It happens on normal exit, on an error, on Ctrl-C and on SIGTERM (DVC or a scheduler
+  stopping the stage): while a server runs, SIGTERM raises in the main thread so the
+  ``with`` block unwinds instead of the process dying with the group still running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from eagle3_pipeline.stages.runner import StageError
+
+log = logging.getLogger(__name__)
+
+POLL_S = 1.0  # between health checks
+KILL_WAIT_S = 30.0  # after SIGKILL; only a process stuck in the kernel (a wedged driver) waits
+TAIL_BYTES = 64 * 1024  # of the log read for the tail in an error message
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def _raise_on_sigterm(signum: int, _frame: FrameType | None) -> None:
+    raise _Interrupted(f"signal {signum}")
+
+
+def _kill_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+def _stop_group(proc: subprocess.Popen[bytes], timeout_s: float, what: str) -> None:
+    """SIGTERM the group, wait ``timeout_s``, SIGKILL it; then SIGKILL the group again for
+    stray workers, even if the leader exited."""
+    if proc.poll() is None:
+        _kill_group(proc, signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            log.warning("%s ignored SIGTERM for %.0fs: killing", what, timeout_s)
+            _kill_group(proc, signal.SIGKILL)
+            try:
+                proc.wait(timeout=KILL_WAIT_S)
+            except subprocess.TimeoutExpired:
+                log.warning("%s (pid %d) still there %.0fs after SIGKILL", what, proc.pid,
+                            KILL_WAIT_S)
+    _kill_group(proc, signal.SIGKILL)
+
+
+class VllmServer:
+    """A ``vllm serve`` process that is always shut down: on normal exit, on an error, on
+    Ctrl-C and on SIGTERM, so GPU memory is freed (see the module docstring).
+
+    Entering starts ``cmd`` with stdout and stderr appended to ``log_file`` and returns
+    once ``http://127.0.0.1:{port}{health_path}`` answers 200. If the process exits first,
+    or ``startup_timeout_s`` passes, it raises ``error`` (``StageError`` unless the calling
+    module has its own contract) with the tail of the log; the timeout message names
+    ``timeout_key``, the config key to raise."""
+
+    def __init__(
+        self,
+        cmd: Sequence[str],
+        port: int,
+        log_file: str | Path,
+        startup_timeout_s: float,
+        shutdown_timeout_s: float,
+        *,
+        timeout_key: str,
+        health_path: str = "/health",
+        error: type[Exception] = StageError,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.cmd = list(cmd)
+        self.env = env
+        self.url = f"http://127.0.0.1:{port}"
+        self.health_url = self.url + health_path
+        self.log_file = Path(log_file)
+        self.startup_timeout_s = startup_timeout_s
+        self.shutdown_timeout_s = shutdown_timeout_s
+        self.timeout_key = timeout_key
+        self.error = error
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log_start = 0  # the log is appended to across runs: the tail is this run's
+        self._sigterm_installed = False
+        self._old_sigterm: Any = None
+
+    def __enter__(self) -> VllmServer:
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        # signal handlers can only be set from the main thread; elsewhere SIGTERM keeps
+        # its handler and only errors and normal exit stop the server
+        if threading.current_thread() is threading.main_thread():
+            self._old_sigterm = signal.signal(signal.SIGTERM, _raise_on_sigterm)
+            self._sigterm_installed = True
+        try:
+            with open(self.log_file, "ab") as logfh:
+                self._log_start = os.fstat(logfh.fileno()).st_size
+                self.proc = subprocess.Popen(
+                    self.cmd, stdout=logfh, stderr=subprocess.STDOUT, start_new_session=True,
+                    env=self.env,
+                )
+            self.wait_healthy()
+        except BaseException:
+            self.shutdown()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def log_tail(self, n: int = 20) -> str:
+        """The last ``n`` lines this run wrote to the log."""
+        with contextlib.suppress(OSError):
+            with open(self.log_file, "rb") as fh:
+                size = fh.seek(0, os.SEEK_END)
+                start = self._log_start if self._log_start <= size else 0  # truncated
+                fh.seek(max(start, size - TAIL_BYTES))
+                text = fh.read().decode("utf-8", errors="replace")
+            return "\n".join(text.splitlines()[-n:])
+        return ""
+
+    def wait_healthy(self) -> None:
+        assert self.proc is not None
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            rc = self.proc.poll()
+            if rc is not None:
+                tail = self.log_tail(200)
+                raise self.error(
+                    f"vllm serve exited with {rc} before becoming healthy: {cause(tail)} "
+                    f"(log {self.log_file})"
+                )
+            # URLError, refused or reset connections and timeouts are all OSErrors
+            with contextlib.suppress(OSError):
+                with urllib.request.urlopen(self.health_url, timeout=5) as resp:
+                    if resp.status == 200:
+                        return
+            time.sleep(POLL_S)
+        raise self.error(
+            f"vllm serve not healthy at {self.health_url} after {self.startup_timeout_s:.0f}s "
+            f"(raise {self.timeout_key}; log {self.log_file}); last: {cause(self.log_tail(200))}"
+        )
+
+    def shutdown(self) -> None:
+        proc, self.proc = self.proc, None
+        try:
+            if proc is not None:
+                _stop_group(proc, self.shutdown_timeout_s, "vllm serve")
+        finally:
+            if self._sigterm_installed:
+                old = self._old_sigterm  # None: set outside Python; the default is closest
+                signal.signal(signal.SIGTERM, old if old is not None else signal.SIG_DFL)
+                self._sigterm_installed, self._old_sigterm = False, None
+
+
+# The most telling line first: pydantic's message (vLLM's config validation), an
+# exception with its text, a CLI or socket error; generic wrappers are skipped.
+_CAUSES = (
+    re.compile(r"Value error, (.*)"),
+    re.compile(r"\b(\w+(?:Error|Exception|Exit)): (?!\d+ validation error)(.+)"),
+    re.compile(r"(?i).*\b(address already in use|unrecognized arguments.*|error: .*)"),
+)
+_NOISE = ("See root cause above", "Traceback", "File \"", "raise ", "^")
+
+
+def cause(log_text: str) -> str:
+    """The one line of a vLLM log that says why it stopped (vLLM's own "Engine core
+    initialization failed. See root cause above" is skipped for the root cause)."""
+    lines = [ln.strip() for ln in log_text.splitlines() if ln.strip()]
+    lines = [ln for ln in lines if not any(n in ln[:40] for n in _NOISE)]
+    for pattern in _CAUSES:
+        for line in reversed(lines):
+            m = pattern.search(line)
+            if m and "See root cause above" not in line:
+                return m.group(0).strip()[:400]
+    return lines[-1][:400] if lines else "no output"
+
+
+def engine_server(engine: Any, python: str | Path, port: int, log_file: str | Path,
+                  startup_timeout_s: float, shutdown_timeout_s: float, *,
+                  health_path: str = "/health",
+                  error: type[Exception] = StageError) -> VllmServer:
+    """``vllm serve`` for an :class:`~eagle3_pipeline.serving.engine.Engine`, run by the vLLM
+    environment's ``python`` with the engine's environment variables."""
+    from eagle3_pipeline.serving.env import worker_env
+
+    log.info("starting (log %s): %s", log_file, engine.shell(port))
+    return VllmServer(
+        engine.serve_argv(port, (str(python), "-m", "vllm.entrypoints.cli.main")), port,
+        log_file, startup_timeout_s, shutdown_timeout_s, timeout_key="vllm.startup_timeout_s",
+        health_path=health_path, error=error, env=worker_env(engine.env),
+    )
+
+
+@contextlib.contextmanager
+def child_process(
+    cmd: Sequence[str], stop_timeout_s: float = 30.0
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A child process (in its own process group) that is terminated if we leave early
+    (error or Ctrl-C), e.g. a client that would keep sending requests to a server being
+    shut down."""
+    proc = subprocess.Popen(list(cmd), start_new_session=True)
+    try:
+        yield proc
+    finally:
+        _stop_group(proc, stop_timeout_s, " ".join(map(str, cmd[:4])))

@@ -1,0 +1,99 @@
+"""Greedy generation in one offline vLLM engine, run inside the vLLM environment.
+
+``python -m eagle3_pipeline.serving.worker JOB.json OUT.json`` (the vLLM environment's
+interpreter; :mod:`eagle3_pipeline.serving.offline` writes the job and reads the result).
+It imports only the standard library, vLLM and :mod:`eagle3_pipeline.serving.counters`, so
+it runs where speculators and the training torch are not installed.
+
+The job holds an :class:`~eagle3_pipeline.serving.engine.Engine` as ``vllm.LLM`` keyword
+arguments, the prompts (token ids), ``max_tokens`` and the stop token ids. Prompts are
+generated one at a time (a single stream: the latency a user of one chat sees, and what
+the speculative-decoding speedup is defined on) after one warm-up request. The result
+holds each prompt's output token ids, the wall time, and the difference of vLLM's own
+``vllm:spec_decode_*`` counters (``LLM.get_metrics()``) over the timed requests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from eagle3_pipeline.serving.counters import COUNTERS, PER_POS, counter_delta
+
+
+def counters(metrics: list[Any]) -> dict[str, Any]:
+    """Spec-decode counters summed over engines; empty when speculation is off."""
+    out: dict[str, Any] = {}
+    per_pos: list[int] = []
+    for m in metrics:
+        if m.name in COUNTERS:
+            key = COUNTERS[m.name]
+            out[key] = out.get(key, 0) + int(m.value)
+        elif m.name == PER_POS:
+            for i, value in enumerate(m.values):
+                if i == len(per_pos):
+                    per_pos.append(0)
+                per_pos[i] += int(value)
+    if out:
+        out["accepted_per_pos"] = per_pos
+    return out
+
+
+def run(job: dict[str, Any]) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    from vllm import LLM, SamplingParams
+
+    import_s = time.perf_counter() - t0
+    llm = LLM(**job["llm"])
+    load_s = time.perf_counter() - t0 - import_s
+    params = SamplingParams(temperature=0.0, max_tokens=int(job["max_tokens"]),
+                            stop_token_ids=list(job["stop_token_ids"]), detokenize=False)
+    prompts = [{"prompt_token_ids": list(p)} for p in job["prompts"]]
+    if prompts:  # warm-up: first-request costs are not the draft's
+        llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=4,
+                                                 detokenize=False), use_tqdm=False)
+    before = counters(llm.get_metrics())
+    outputs: list[list[int]] = []
+    latencies: list[float] = []
+    g0 = time.perf_counter()
+    for prompt in prompts:
+        s0 = time.perf_counter()
+        res = llm.generate([prompt], params, use_tqdm=False)
+        latencies.append(time.perf_counter() - s0)
+        outputs.append([int(t) for t in res[0].outputs[0].token_ids])
+    wall = time.perf_counter() - g0
+    after = counters(llm.get_metrics())
+    generated = sum(len(o) for o in outputs)
+    return {
+        "outputs": outputs,
+        "generated_tokens": generated,
+        "wall_s": wall,
+        "tokens_per_s": generated / wall if wall > 0 else None,
+        "latencies_s": latencies,
+        "import_s": import_s,
+        "load_s": load_s,
+        "counters": counter_delta(after, before),
+        "env": {k: v for k, v in os.environ.items() if k.startswith("VLLM_")},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m eagle3_pipeline.serving.worker JOB.json OUT.json", file=sys.stderr)
+        return 2
+    with open(args[0], encoding="utf-8") as fh:
+        job = json.load(fh)
+    result = run(job)
+    tmp = args[1] + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(result, fh)
+    os.replace(tmp, args[1])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

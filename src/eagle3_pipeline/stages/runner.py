@@ -1,0 +1,49 @@
+"""What every stage entrypoint shares: logging, config loading, and turning expected
+failures into one actionable line and a non-zero exit instead of a traceback."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from eagle3_pipeline.core.config import Config, ConfigError, config_from_cli
+
+log = logging.getLogger("eagle3_pipeline")
+
+
+class StageError(RuntimeError):
+    """An expected failure of a stage (bad input, failed check); its message is shown as is."""
+
+
+def setup_logging(verbose: bool = False) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
+    )
+    for noisy in ("httpx", "urllib3", "datasets", "filelock", "fsspec"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def run_stage(
+    name: str, description: str, body: Callable[[Config], None], argv: list[str] | None = None
+) -> None:
+    """Parse ``[--params FILE] [overrides]``, load the config and run ``body``.
+
+    Exit codes: 0 success, 1 a failed check or bad input (one line on stderr), 2 a config
+    error. Unexpected exceptions keep their traceback: they are bugs, not user errors.
+    """
+    cfg, _args = config_from_cli(f"eagle3_pipeline.stages.{name}", description, argv)
+    setup_logging()
+    try:
+        body(cfg)
+    except (ConfigError, StageError, FileNotFoundError) as exc:
+        print(f"error: {name}: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+def metrics_path(cfg: Config, stage: str) -> Path:
+    return Path(cfg.metrics_dir) / f"{stage}.json"

@@ -1,0 +1,117 @@
+"""Resolve the configured target to a local directory and describe it in target.json.
+
+A real target is only *read* (config, weight index, tokenizer files): it is never loaded
+or copied, so resolving a 1T-parameter checkpoint takes milliseconds. The embedded tiny
+target is built (see :mod:`eagle3_pipeline.targets.tiny`).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from eagle3_pipeline.core.config import Config, ConfigError
+from eagle3_pipeline.core.io import atomic_dir, atomic_write_json
+from eagle3_pipeline.targets.adapter import TargetSpec, describe_target
+
+log = logging.getLogger(__name__)
+
+TARGET_JSON = "target.json"
+TINY_MODEL_SUBDIR = "model"
+
+# Files a real target needs for everything before training, none of them weights.
+METADATA_PATTERNS = [
+    "config.json",
+    "generation_config.json",
+    "model.safetensors.index.json",
+    "tokenizer*",
+    "*.tiktoken",
+    "tiktoken*",
+    "chat_template*",
+    "special_tokens_map.json",
+    "*.py",
+]
+
+
+def target_dir(cfg: Config) -> Path:
+    return Path(cfg.data_dir) / "target"
+
+
+def locate_real_target(cfg: Config) -> Path:
+    """The directory of a real target: ``model.path``, or the local HF cache snapshot of
+    ``model.hub_id`` at ``model.revision`` (never a download at run time)."""
+    m = cfg.model
+    if m.path:
+        p = Path(m.path)
+        if not p.is_dir():
+            raise ConfigError(f"model.path={m.path}: directory does not exist")
+        return p
+    if not m.revision:
+        raise ConfigError(
+            f"model.hub_id={m.hub_id} has no model.revision: pin the commit sha you serve "
+            f"(-S model.revision=<sha>) or set model.path to a local checkout"
+        )
+    try:
+        from huggingface_hub import snapshot_download
+
+        local = snapshot_download(
+            m.hub_id, revision=m.revision, allow_patterns=METADATA_PATTERNS, local_files_only=True
+        )
+    except Exception as exc:  # offline / not cached: say what to do
+        raise ConfigError(
+            f"model.hub_id={m.hub_id}@{m.revision} is not in the local HF cache and model.path "
+            f"is not set ({type(exc).__name__}): download its config and tokenizer files, e.g. "
+            f"`hf download {m.hub_id} --revision {m.revision} --include 'config.json' "
+            f"'*.json' '*.py' '*.tiktoken'`, or pass model.path=DIR"
+        ) from None
+    return Path(local)
+
+
+def check_target(spec: TargetSpec, model_dir: Path) -> None:
+    """Refuse targets the pipeline cannot train a draft for, before anything is written."""
+    if not spec.chat_template:
+        raise ConfigError(
+            f"{model_dir}: the tokenizer has no chat template (tokenizer_config.json "
+            f"'chat_template' or chat_template.jinja): rows cannot be rendered as the target "
+            f"sees them; add the template the target was trained with"
+        )
+    if spec.hub_id and not spec.revision:
+        raise ConfigError(
+            f"model.hub_id={spec.hub_id}: set model.revision to the commit sha of {model_dir}"
+        )
+
+
+def resolve_target(cfg: Config, progress: bool = True) -> tuple[TargetSpec, dict[str, Any]]:
+    """Build or locate the target, write ``target.json``; return it with stage metrics."""
+    out = target_dir(cfg)
+    if cfg.model.tiny is not None:
+        from eagle3_pipeline.targets.tiny import build_tiny_target
+
+        with atomic_dir(out) as tmp:
+            model_dir = tmp / TINY_MODEL_SUBDIR
+            metrics = build_tiny_target(cfg.model.tiny, cfg.target, model_dir, cfg.seed, progress)
+            final_model_dir = out / TINY_MODEL_SUBDIR
+            spec = describe_target(model_dir, cfg.model)
+            spec.path = str(final_model_dir)
+            check_target(spec, model_dir)
+            atomic_write_json(tmp / TARGET_JSON, spec.to_dict())
+        metrics["built"] = True
+    else:
+        model_dir = locate_real_target(cfg)
+        spec = describe_target(model_dir, cfg.model)
+        check_target(spec, model_dir)
+        with atomic_dir(out) as tmp:
+            atomic_write_json(tmp / TARGET_JSON, spec.to_dict())
+        metrics = {"built": False}
+    metrics.update(
+        {
+            "name": spec.name,
+            "architecture": spec.architecture,
+            "num_layers": spec.num_layers,
+            "hidden_size": spec.hidden_size,
+            "vocab_size": spec.vocab_size,
+            "aux_layer_ids": spec.aux_layer_ids,
+        }
+    )
+    return spec, metrics

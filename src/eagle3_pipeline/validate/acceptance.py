@@ -1,0 +1,418 @@
+"""Acceptance length by real, chained, greedy speculative decoding against the target.
+
+Why measure it this way: a draft's training accuracy is teacher-forced (every TTT step is
+fed the ground-truth token), so it overstates what the draft buys at inference, where the
+draft chains on its own guesses and a single miss ends the round. Here the draft proposes
+K tokens exactly as EAGLE-3 does at serve time, the target verifies them in one forward,
+and the accepted prefix plus one bonus token is kept; acceptance length is the number of
+tokens produced per target verification forward (the prefill excluded), pooled over all
+prompts. Greedy speculative decoding is lossless: the produced tokens must equal the
+target's plain greedy decoding, which is checked on every prompt.
+
+How EAGLE-3 feeds its draft (speculators 0.9 ``Eagle3DraftModel.forward`` + ``shift_batch``):
+the draft input at position t pairs the target's aux hidden states at t (``fc`` of the
+concatenated residual streams entering the aux layers) with the embedding of token t+1,
+at rotary position t+1, and its output there predicts token t+2. After the last real
+position, each further draft token is chained: the input is the draft's own decoder
+output at the previous position (before its final norm) with the embedding of the token
+it just proposed, one position further, attending to every earlier position (the TTT
+attention pattern). Draft ids map to target ids through ``d2t`` (target = i + d2t[i]).
+
+Cost, on purpose: correctness first. The target recomputes the whole prefix for every
+verification (no KV cache), and the draft re-reads the whole prefix every round (a KV
+cache only within a round's chain). On the tiny target this costs seconds; on a real
+target the vLLM path (``vllm_validate``) is the production measurement.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from eagle3_pipeline.core.config import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------- prompts
+
+
+@dataclass
+class Prompt:
+    id: str
+    prompt_ids: list[int]
+
+
+def load_prompts(path: str | Path, vocab_size: int | None = None) -> list[Prompt]:
+    """``data/heldout/prompts.jsonl`` (the prepare stage): one object per line with ``id``
+    and ``prompt_ids``. A bad row is a one-line error naming the file and the line."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"{p}: held-out prompts not found (run the prepare stage)")
+    out: list[Prompt] = []
+    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{p}:{n}: not valid JSON ({exc.msg})") from None
+        ids = row.get("prompt_ids") if isinstance(row, dict) else None
+        if not isinstance(ids, list) or not ids or not all(
+            isinstance(i, int) and not isinstance(i, bool) for i in ids
+        ):
+            raise ConfigError(f"{p}:{n}: 'prompt_ids' must be a non-empty list of ints")
+        if vocab_size is not None and not all(0 <= i < vocab_size for i in ids):
+            raise ConfigError(f"{p}:{n}: 'prompt_ids' has ids outside the target vocabulary "
+                              f"(size {vocab_size})")
+        out.append(Prompt(str(row.get("id", n)), ids))
+    if not out:
+        raise ConfigError(f"{p}: no prompts")
+    return out
+
+
+# --------------------------------------------------------------------------- the target
+
+
+class Target:
+    """The target's language model: logits and aux hidden states of a whole sequence.
+
+    Aux states are captured exactly as the extract stage captures them
+    (:class:`eagle3_pipeline.extract.hidden_states.Capture`: forward pre-hooks on decoder layer k,
+    i.e. the residual stream entering layer k = HF ``hidden_states[k]``).
+    """
+
+    def __init__(self, lm: Any, aux_layer_ids: Sequence[int]) -> None:
+        from eagle3_pipeline.extract.hidden_states import Capture
+
+        self.lm = lm
+        self.aux_layer_ids = list(aux_layer_ids)
+        self.capture = Capture(lm, self.aux_layer_ids)
+        self.forwards = 0
+
+    @classmethod
+    def load(cls, spec: Any, dtype: str = "float32", device: str = "cpu",
+             gpu_count: int = 0) -> Target:
+        from eagle3_pipeline.extract.hidden_states import load_language_model
+
+        if not spec.path or not (Path(spec.path) / "config.json").is_file():
+            raise FileNotFoundError(f"{spec.path}: the target directory (target.json 'path') "
+                                    "has no config.json")
+        return cls(load_language_model(spec, Path(spec.path), dtype, device, gpu_count),
+                   spec.aux_layer_ids)
+
+    @property
+    def device(self) -> Any:
+        return self.lm.device
+
+    def states(self, ids: Sequence[int]) -> tuple[Any, Any]:
+        """``(logits [T, V] float32, states [T, n_aux + 1, H])``: the aux layers' inputs
+        and the final state before the norm, exactly the extract stage's file layout."""
+        import torch
+
+        self.forwards += 1
+        x = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
+        with torch.no_grad():
+            logits = self.lm.model(input_ids=x, use_cache=False).logits[0].float()
+        return logits, self.capture.take()[0]
+
+    def forward(self, ids: Sequence[int]) -> tuple[Any, Any]:
+        """``(logits [T, V] float32, aux [T, n_aux * H])`` for one sequence."""
+        logits, states = self.states(ids)
+        # the order speculators' loader uses: hidden_states[:, :-1].flatten(1)
+        return logits, states[:, :-1].flatten(1)
+
+    def close(self) -> None:
+        self.capture.remove()
+
+
+def top2_margin(logits_row: Any) -> float:
+    """top-1 minus top-2 logit: how close greedy decoding was to a tie at that position."""
+    import torch
+
+    top = torch.topk(logits_row.float(), 2).values
+    return float(top[0] - top[1])
+
+
+@dataclass
+class Greedy:
+    tokens: list[int]
+    margins: list[float]  # top-2 margin of the target's logits at each produced token
+
+
+def greedy_decode(target: Target, prompt_ids: Sequence[int], max_new_tokens: int,
+                  stop_ids: Iterable[int]) -> Greedy:
+    """The target's plain greedy decoding: the reference speculative decoding must equal."""
+    stop = set(stop_ids)
+    seq = list(prompt_ids)
+    out: list[int] = []
+    margins: list[float] = []
+    while len(out) < max_new_tokens:
+        logits, _ = target.forward(seq + out)
+        tok = int(logits[-1].argmax())
+        out.append(tok)
+        margins.append(top2_margin(logits[-1]))
+        if tok in stop:
+            break
+    return Greedy(out, margins)
+
+
+# --------------------------------------------------------------------------- drafts
+
+
+class Proposer(Protocol):
+    """What speculative decoding asks of a draft: K next tokens (target ids)."""
+
+    def propose(self, tokens: Sequence[int], aux: Any, k: int) -> list[int]:
+        """``tokens``: the sequence so far (prompt + produced); ``aux``: the target's aux
+        states ``[len(tokens) - 1, n_aux * H]`` at every position but the last (the last
+        token was produced by the target's previous forward and has not been run yet)."""
+        ...
+
+
+class SpeculatorsDraft:
+    """A speculators ``Eagle3DraftModel`` proposing tokens the way EAGLE-3 serves it.
+
+    Mirrors ``Eagle3DraftModel.forward`` (its modules, in its order) for inference: the
+    same ``fc`` (+ optional ``input_norm`` / ``fc_norm``), the same concatenation of
+    embeddings and hidden states, rotary positions that start at 1 for the first pair (as
+    ``shift_batch`` leaves them), and the chained steps fed with the decoder's own output.
+    """
+
+    def __init__(self, model: Any, device: Any = "cpu", dtype: Any = None) -> None:
+        import torch
+
+        self.model = model.to(device=device, dtype=dtype or torch.float32).eval()
+        self.device = torch.device(device)
+        d2t = getattr(model, "d2t", None)
+        self.d2t = d2t.to(self.device).long() if d2t is not None else None
+
+    def _to_target(self, draft_id: Any) -> int:
+        i = int(draft_id)
+        return i + int(self.d2t[i]) if self.d2t is not None else i
+
+    def _layers(self, x: Any, positions: Any, cache: Any, mask: Any) -> Any:
+        m = self.model
+        pos_emb = m.rotary_emb(x, positions)
+        start = cache.get_seq_length()
+        cache_position = torch_arange(start, start + x.shape[1], x.device)
+        for layer in m.layers:
+            x = layer(x, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                      cache_position=cache_position, position_embeddings=pos_emb)
+        return x
+
+    def _head(self, h: Any) -> tuple[Any, Any]:
+        """(logits, the hidden state the next chained step is fed), as forward does: with
+        ``norm_output`` the normed state is carried on, else the raw decoder output."""
+        m = self.model
+        if m.config.norm_output:
+            h = m.norm(h)
+            return m.lm_head(h), h
+        return m.lm_head(m.norm(h)), h
+
+    def propose(self, tokens: Sequence[int], aux: Any, k: int) -> list[int]:
+        import torch
+        from transformers import DynamicCache
+
+        m = self.model
+        n = len(tokens)
+        if aux.shape[0] != n - 1:
+            raise ValueError(f"aux has {aux.shape[0]} rows, expected {n - 1}")
+        dtype = next(m.parameters()).dtype
+        with torch.no_grad():
+            h = aux.to(self.device, dtype).unsqueeze(0)
+            if m.input_norm is not None:
+                h = m.input_norm(h)
+            if m.fc_norm is not None:
+                chunks = h.chunk(len(m.fc_norm), dim=-1)
+                h = torch.cat([nm(c) for nm, c in zip(m.fc_norm, chunks, strict=True)], dim=-1)
+            h = m.fc(h)  # [1, n-1, H]
+            ids = torch.tensor([list(tokens[1:])], dtype=torch.long, device=self.device)
+            x = torch.cat([m.embed_tokens(ids), h], dim=-1)
+            positions = torch_arange(1, n, self.device).unsqueeze(0)
+            causal = torch.full((n - 1, n - 1), float("-inf"), dtype=dtype, device=self.device)
+            causal = torch.triu(causal, diagonal=1)[None, None]
+            cache = DynamicCache()
+            out = self._layers(x, positions, cache, causal)[:, -1:]
+            proposed: list[int] = []
+            for step in range(k):
+                logits, out = self._head(out)
+                tok = self._to_target(logits[0, -1].argmax())
+                proposed.append(tok)
+                if step == k - 1:
+                    break
+                emb = m.embed_tokens(torch.tensor([[tok]], device=self.device))
+                x = torch.cat([emb, out], dim=-1)
+                positions = torch.tensor([[n + step]], device=self.device)
+                out = self._layers(x, positions, cache, None)
+        return proposed
+
+
+def torch_arange(start: int, end: int, device: Any) -> Any:
+    import torch
+
+    return torch.arange(start, end, dtype=torch.long, device=device)
+
+
+class OracleDraft:
+    """Proposes the target's own greedy continuation (the upper bound: K+1 per step)."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+
+    def propose(self, tokens: Sequence[int], aux: Any, k: int) -> list[int]:
+        seq = list(tokens)
+        out: list[int] = []
+        for _ in range(k):
+            logits, _ = self.target.forward(seq + out)
+            self.target.forwards -= 1  # the oracle's forwards are not verifications
+            out.append(int(logits[-1].argmax()))
+        return out
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+@dataclass
+class PromptResult:
+    id: str
+    prompt_tokens: int
+    tokens: list[int]  # produced after the prompt, the prefill's token first
+    steps: int  # target verification forwards
+    step_tokens: int  # tokens produced by those forwards (kept after truncation)
+    accepted_per_pos: list[int]  # verification steps whose draft token i was accepted
+    accepted: int  # draft tokens accepted, before truncation (vLLM's counter)
+    lossless: bool | None = None
+    first_divergence: int | None = None
+    divergence_margin: float | None = None
+
+
+def speculative_decode(
+    target: Target, draft: Proposer, prompt: Prompt, k: int, max_new_tokens: int,
+    stop_ids: Iterable[int],
+) -> PromptResult:
+    """Chained greedy speculative decoding of one prompt."""
+    stop = set(stop_ids)
+    seq = list(prompt.prompt_ids)
+    logits, aux = target.forward(seq)  # prefill: not a verification
+    out = [int(logits[-1].argmax())]
+    res = PromptResult(prompt.id, len(seq), out, 0, 0, [0] * k, 0)
+    while len(out) < max_new_tokens and out[-1] not in stop:
+        ctx = seq + out
+        drafts = [int(t) for t in draft.propose(ctx, aux, k)]
+        if len(drafts) != k:
+            raise ValueError(f"the draft proposed {len(drafts)} tokens, expected {k}")
+        logits, aux_all = target.forward(ctx + drafts)
+        preds = logits[len(ctx) - 1 :].argmax(-1).tolist()  # K + 1 target tokens
+        a = 0
+        while a < k and drafts[a] == preds[a]:
+            res.accepted_per_pos[a] += 1
+            a += 1
+        res.accepted += a
+        res.steps += 1
+        new = drafts[:a] + [preds[a]]
+        aux = aux_all[: len(ctx) + a]  # states of every real token but the bonus
+        for tok in new:
+            if len(out) >= max_new_tokens:
+                break
+            out.append(tok)
+            res.step_tokens += 1
+            if tok in stop:
+                break
+    return res
+
+
+@dataclass
+class AcceptanceResult:
+    k: int
+    prompts: int
+    max_new_tokens: int
+    tokens: int  # all produced tokens (prefill tokens included)
+    step_tokens: int
+    steps: int
+    accepted: int
+    accepted_per_pos: list[int]
+    acceptance_length: float | None  # step_tokens / steps
+    vllm_style_acceptance_length: float | None  # 1 + accepted / steps (no end effects)
+    per_position_rate: list[float | None]  # accepted at position i / steps (vLLM's)
+    per_position_conditional: list[float | None]  # given position i-1 was accepted
+    lossless: bool | None
+    lossless_prompts: int
+    divergences: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def pool(results: Sequence[PromptResult], k: int, max_new_tokens: int) -> AcceptanceResult:
+    steps = sum(r.steps for r in results)
+    step_tokens = sum(r.step_tokens for r in results)
+    accepted = sum(r.accepted for r in results)
+    per_pos = [sum(r.accepted_per_pos[i] for r in results) for i in range(k)]
+    rate = [c / steps if steps else None for c in per_pos]
+    cond: list[float | None] = []
+    for i, c in enumerate(per_pos):
+        prev = steps if i == 0 else per_pos[i - 1]
+        cond.append(c / prev if prev else None)
+    checked = [r for r in results if r.lossless is not None]
+    return AcceptanceResult(
+        k=k,
+        prompts=len(results),
+        max_new_tokens=max_new_tokens,
+        tokens=sum(len(r.tokens) for r in results),
+        step_tokens=step_tokens,
+        steps=steps,
+        accepted=accepted,
+        accepted_per_pos=per_pos,
+        acceptance_length=step_tokens / steps if steps else None,
+        vllm_style_acceptance_length=1 + accepted / steps if steps else None,
+        per_position_rate=rate,
+        per_position_conditional=cond,
+        lossless=all(r.lossless for r in checked) if checked else None,
+        lossless_prompts=sum(1 for r in checked if r.lossless),
+        divergences=[
+            {"prompt": r.id, "position": r.first_divergence, "top2_margin": r.divergence_margin}
+            for r in checked if not r.lossless
+        ],
+    )
+
+
+def measure(
+    target: Target,
+    draft: Proposer,
+    prompts: Sequence[Prompt],
+    k: int,
+    max_new_tokens: int,
+    stop_ids: Iterable[int],
+    check_lossless: bool = True,
+    progress: bool = False,
+) -> tuple[AcceptanceResult, list[PromptResult]]:
+    """Speculative decoding of every prompt, each compared with plain greedy decoding."""
+    if k < 1:
+        raise ConfigError(f"K={k} must be >= 1")
+    if max_new_tokens < 1:
+        raise ConfigError(f"max_new_tokens={max_new_tokens} must be >= 1")
+    stop = list(stop_ids)
+    results: list[PromptResult] = []
+    it: Iterable[Prompt] = prompts
+    if progress:
+        from tqdm import tqdm
+
+        it = tqdm(prompts, desc=f"speculative decoding (K={k})", unit="prompt")
+    for p in it:
+        r = speculative_decode(target, draft, p, k, max_new_tokens, stop)
+        if check_lossless:
+            ref = greedy_decode(target, p.prompt_ids, max_new_tokens, stop)
+            r.lossless = r.tokens == ref.tokens
+            if not r.lossless:
+                pairs = zip(r.tokens, ref.tokens, strict=False)
+                i = next((j for j, (a, b) in enumerate(pairs) if a != b),
+                         min(len(r.tokens), len(ref.tokens)))
+                r.first_divergence = i
+                r.divergence_margin = ref.margins[i] if i < len(ref.margins) else None
+        results.append(r)
+    return pool(results, k, max_new_tokens), results

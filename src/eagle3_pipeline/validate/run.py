@@ -1,0 +1,280 @@
+"""Validate a trained draft: will vLLM load it correctly, were the GPUs left clean, and
+how many tokens per target step does it really buy?
+
+:func:`validate_draft` runs the checks and measurements the validate stage reports on and
+returns its metrics and the context its report and model card are rendered from
+(:func:`eagle3_pipeline.validate.report.validation_files`). It fails when the checkpoint validator
+finds errors, or when float32 speculative decoding is not lossless.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from eagle3_pipeline.core.config import Config, ConfigError
+from eagle3_pipeline.stages.runner import StageError, metrics_path
+
+log = logging.getLogger(__name__)
+
+
+def paths(cfg: Config) -> dict[str, Path]:
+    data = Path(cfg.data_dir)
+    return {
+        "target_json": data / "target" / "target.json",
+        "draft": data / "draft",
+        "prompts": data / "heldout" / "prompts.jsonl",
+        "out": data / "validate",
+        "train_metrics": metrics_path(cfg, "train"),
+        "metrics": metrics_path(cfg, "validate"),
+    }
+
+
+def runtime(cfg: Config) -> tuple[str, str]:
+    v = cfg.validate
+    device = v.device or cfg.hardware.device
+    if device not in ("cpu", "cuda"):
+        raise ConfigError(f"validate.device={device!r} is not cpu or cuda")
+    dtype = v.dtype or ("float32" if device == "cpu" else cfg.model.dtype)
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise ConfigError(f"validate.dtype={dtype!r} is not float32, bfloat16 or float16")
+    if v.max_new_tokens < 1:
+        raise ConfigError(f"validate.max_new_tokens={v.max_new_tokens} must be >= 1")
+    if v.num_prompts is not None and v.num_prompts < 1:
+        raise ConfigError(f"validate.num_prompts={v.num_prompts} must be >= 1 or null")
+    if v.k is not None and v.k < 1:
+        raise ConfigError(f"validate.k={v.k} must be >= 1 or null")
+    return device, dtype
+
+
+def train_gpu_reading(path: Path) -> dict[str, Any] | None:
+    """The train stage's NVML reading after its workers exited (key ``gpu``)."""
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: not valid JSON ({exc.msg})") from None
+    return data.get("gpu")
+
+
+def stop_token_ids(model_dir: str | Path) -> list[int]:
+    from eagle3_pipeline.draft.shape import REASONING_MARKER_CANDIDATES, special_token_ids
+
+    return sorted({tid for name, tid in special_token_ids(model_dir).items()
+                   if name not in REASONING_MARKER_CANDIDATES})
+
+
+def check_checkpoint(draft_dir: Path, spec: Any) -> dict[str, Any]:
+    from eagle3_pipeline.validate.checkpoint import validate_checkpoint
+
+    report = validate_checkpoint(draft_dir, spec, verifier_dir=spec.path)
+    for line in report.format().splitlines():
+        log.info("checkpoint: %s", line)
+    if not report.ok:
+        raise StageError(f"{draft_dir}: the checkpoint validator found "
+                         f"{len(report.errors)} error(s): "
+                         + "; ".join(f.line() for f in report.errors[:3]))
+    return {
+        "ok": report.ok,
+        "errors": len(report.errors),
+        "warnings": len(report.warnings),
+        "speculative_tokens": report.facts.get("speculative_tokens"),
+        "serve_command": report.serve_command,
+        "findings": [f.line() for f in report.findings if f.level != "info"],
+    }
+
+
+def measure_acceptance(cfg: Config, spec: Any, draft_dir: Path, prompts_path: Path, k: int,
+                       device: str, dtype: str) -> dict[str, Any]:
+    import torch
+
+    from eagle3_pipeline.compat.speculators import load_draft
+    from eagle3_pipeline.validate.acceptance import SpeculatorsDraft, Target, load_prompts, measure
+
+    v = cfg.validate
+    prompts = load_prompts(prompts_path, spec.vocab_size)
+    if v.num_prompts is not None:
+        prompts = prompts[: v.num_prompts]
+    target = Target.load(spec, dtype, device, cfg.hardware.gpu_count)
+    try:
+        model = load_draft(draft_dir, spec.path, attn_implementation="sdpa", device=device)
+        draft = SpeculatorsDraft(model, device=target.device, dtype=getattr(torch, dtype))
+        result, _ = measure(target, draft, prompts, k, v.max_new_tokens,
+                            stop_token_ids(spec.path), check_lossless=True, progress=True)
+    finally:
+        target.close()
+    return result.to_dict()
+
+
+def measure_vllm(cfg: Config, spec: Any, draft_dir: Path, prompts_path: Path, k: int,
+                 dtype: str, ours: dict[str, Any]) -> dict[str, Any]:
+    """Target + draft and target alone in real vLLM (see :mod:`eagle3_pipeline.validate.vllm`)."""
+    from eagle3_pipeline.serving.engine import build_engine, log_file
+    from eagle3_pipeline.serving.env import VllmEnvError, find_python
+    from eagle3_pipeline.serving.offline import VllmRunError, run_offline
+    from eagle3_pipeline.validate.acceptance import load_prompts
+    from eagle3_pipeline.validate.vllm import VllmError, compare, run_served
+
+    v = cfg.validate
+    prompts = load_prompts(prompts_path, spec.vocab_size)
+    if v.num_prompts is not None:
+        prompts = prompts[: v.num_prompts]
+    ids = [p.prompt_ids for p in prompts]
+    stops = stop_token_ids(spec.path)
+    model = spec.path or spec.hub_id
+    engines = {
+        "with_draft": build_engine(cfg, spec, model, "validate", dtype=dtype,
+                                   draft_dir=draft_dir, k=k),
+        "without_draft": build_engine(cfg, spec, model, "baseline", dtype=dtype),
+    }
+    runs: dict[str, dict[str, Any]] = {}
+    try:
+        python = find_python(cfg.vllm.python)
+        for name, engine in engines.items():
+            log_path = log_file(cfg, f"validate_{name}")
+            if v.vllm_mode == "offline":
+                runs[name] = run_offline(python, engine, ids, v.max_new_tokens, stops, log_path,
+                                         timeout_s=cfg.vllm.startup_timeout_s + 3600)
+            else:
+                runs[name] = run_served(python, engine, v.vllm_port, ids, v.max_new_tokens,
+                                        stops, log_path, cfg.vllm.startup_timeout_s,
+                                        cfg.vllm.shutdown_timeout_s, v.vllm_concurrency)
+            log.info("vLLM %s: %d tokens at %.1f tokens/s (engine ready in %.0f s)", name,
+                     runs[name]["generated_tokens"], runs[name]["tokens_per_s"] or 0.0,
+                     runs[name].get("load_s") or 0.0)
+        out = compare(ours, runs["with_draft"], runs["without_draft"], k)
+    except (VllmEnvError, VllmRunError, VllmError, OSError) as exc:
+        raise StageError(f"vLLM validation failed: {exc}") from None
+    out["mode"] = v.vllm_mode
+    out["dtype"] = dtype
+    out["commands"] = {name: e.shell(v.vllm_port) for name, e in engines.items()}
+    out["workarounds"] = {name: {"env": e.env, "compilation_config": e.compilation_config}
+                          for name, e in engines.items()}
+    return out
+
+
+def check_vllm_agreement(vllm: dict[str, Any], dtype: str, cfg: Config) -> None:
+    """In float32 vLLM's acceptance length must equal ours and vLLM must be lossless."""
+    if dtype != "float32":
+        return
+    diff = vllm["acceptance_length_diff"]
+    if diff is None or abs(diff) > cfg.validate.vllm_agreement_tol:
+        raise StageError(
+            f"vLLM's acceptance length {vllm['mean_acceptance_length']} "
+            f"({vllm['num_accepted_tokens']} accepted / {vllm['num_drafts']} drafts, per "
+            f"position {vllm['num_accepted_tokens_per_pos']}) differs from ours "
+            f"{vllm['ours_acceptance_length']} (per position {vllm['ours_accepted_per_pos']}, "
+            f"{vllm['ours_verification_steps']} steps) by more than "
+            f"validate.vllm_agreement_tol={cfg.validate.vllm_agreement_tol}: vLLM does not "
+            "use the draft the way it was trained (aux layers, norms, weights)")
+    if not vllm["lossless"] and cfg.validate.require_lossless:
+        raise StageError(
+            f"vLLM's greedy output with the draft differs from its output without it on "
+            f"{len(vllm['differing_prompts'])} of {vllm['prompts']} prompts "
+            f"(first: prompt {vllm['differing_prompts'][0]}) in float32")
+
+
+def validate_draft(cfg: Config, device: str, dtype: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Check and measure the draft (``device``/``dtype`` from :func:`runtime`); return
+    ``(metrics, context)``: metrics for metrics/validate.json, context for the report."""
+    from eagle3_pipeline.targets.adapter import load_target_spec
+    from eagle3_pipeline.validate.report import gpu_lines, package_versions
+
+    p = paths(cfg)
+    if not p["target_json"].is_file():
+        raise FileNotFoundError(f"{p['target_json']}: not found (run the target stage)")
+    if not (p["draft"] / "config.json").is_file():
+        raise FileNotFoundError(f"{p['draft']}/config.json: not found (run the train stage)")
+    spec = load_target_spec(p["target_json"])
+
+    checkpoint = check_checkpoint(p["draft"], spec)
+    gpu = train_gpu_reading(p["train_metrics"])
+    for line in gpu_lines(gpu):
+        log.info("%s", line.lstrip("- "))
+    k = cfg.validate.k or int(checkpoint["speculative_tokens"])
+    acc = measure_acceptance(cfg, spec, p["draft"], p["prompts"], k, device, dtype)
+    if acc["lossless"] is False and dtype == "float32" and cfg.validate.require_lossless:
+        d = acc["divergences"][0]
+        raise StageError(
+            f"speculative decoding differs from plain greedy decoding in float32 on "
+            f"{len(acc['divergences'])} prompt(s) (first: prompt {d['prompt']} at token "
+            f"{d['position']}, top-2 margin {d['top2_margin']}): a decoding bug"
+        )
+    vllm = None
+    if cfg.validate.vllm:
+        vllm = measure_vllm(cfg, spec, p["draft"], p["prompts"], k, dtype, acc)
+        log.info("vLLM: acceptance length %s (ours %s), lossless %s, %.1f -> %.1f tokens/s "
+                 "(speedup %.2fx)", _fmt(vllm["mean_acceptance_length"]),
+                 _fmt(acc["vllm_style_acceptance_length"]), vllm["lossless"],
+                 vllm["tokens_per_s_without_draft"] or 0.0,
+                 vllm["tokens_per_s_with_draft"] or 0.0, vllm["speedup"] or 0.0)
+        check_vllm_agreement(vllm, dtype, cfg)
+
+    train_metrics = (json.loads(p["train_metrics"].read_text(encoding="utf-8"))
+                     if p["train_metrics"].is_file() else {})
+    metrics: dict[str, Any] = {
+        "checkpoint_ok": checkpoint["ok"],
+        "checkpoint_errors": checkpoint["errors"],
+        "checkpoint_warnings": checkpoint["warnings"],
+        "acceptance_length": acc["acceptance_length"],
+        "vllm_style_acceptance_length": acc["vllm_style_acceptance_length"],
+        "per_position_rate": acc["per_position_rate"],
+        "per_position_conditional": acc["per_position_conditional"],
+        "accepted_per_pos": acc["accepted_per_pos"],
+        "k": k,
+        "prompts": acc["prompts"],
+        "tokens": acc["tokens"],
+        "verification_steps": acc["steps"],
+        "max_new_tokens": acc["max_new_tokens"],
+        "lossless": acc["lossless"],
+        "lossless_prompts": acc["lossless_prompts"],
+        "divergences": acc["divergences"],
+        "device": device,
+        "dtype": dtype,
+        "gpu_after_train": gpu if gpu else {"mode": "unknown"},
+        "gpu_released": (None if not gpu or gpu.get("mode") == "not applicable"
+                         else bool(gpu.get("clean"))),
+    }
+    if vllm is not None:
+        metrics["vllm_acceptance_length"] = vllm["mean_acceptance_length"]
+        metrics["vllm_per_position_rate"] = vllm["per_position_rate"]
+        metrics["vllm_lossless"] = vllm["lossless"]
+        metrics["vllm_tokens_per_s_with_draft"] = vllm["tokens_per_s_with_draft"]
+        metrics["vllm_tokens_per_s_without_draft"] = vllm["tokens_per_s_without_draft"]
+        metrics["vllm_speedup"] = vllm["speedup"]
+        metrics["vllm"] = vllm
+    context = {
+        "draft_dir": str(p["draft"]),
+        "target": {"id": spec.hub_id or f"{spec.name} (local: {spec.path})",
+                   "name": spec.name,
+                   "hub_id": spec.hub_id, "revision": spec.revision,
+                   "vllm_architecture": spec.vllm_architecture,
+                   "aux_layer_ids": spec.aux_layer_ids},
+        "checkpoint": checkpoint,
+        "gpu": gpu,
+        "acceptance": acc,
+        "vllm": vllm,
+        "device": device,
+        "dtype": dtype,
+        "seed": cfg.seed,
+        "data": {"source": cfg.data.source, "path": cfg.data.path,
+                 "license": data_licence(cfg), "regenerate": cfg.data.regenerate},
+        "train": train_metrics,
+        "versions": package_versions(),
+    }
+    return metrics, context
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+def data_licence(cfg: Config) -> str:
+    if cfg.data.source == "builtin":
+        from eagle3_pipeline.data.corpus import LICENSE
+
+        return LICENSE
+    return cfg.data.license

@@ -1,0 +1,166 @@
+"""The draft in real vLLM: acceptance from vLLM's own counters, losslessness, speedup.
+
+Why beside our own decoder (``acceptance.py``): our decoder proves what the draft buys in
+principle; vLLM proves the published checkpoint is loaded and used the same way at serve
+time (right aux layers, right ``norm_before_residual``, every tensor present). On the
+same prompts in float32 the two must give the same acceptance length; a difference
+beyond float noise points at a loading problem and fails the stage with both figures.
+
+Two engines run, one after the other, on the held-out prompts, one prompt at a time:
+the target with the EAGLE-3 draft (K from the checkpoint or ``validate.k``) and the
+target alone. From them come vLLM's acceptance length (1 + accepted / drafts) and
+per-position rates, losslessness (greedy output with the draft equals output without it)
+and the single-stream speedup (tokens/s with the draft over tokens/s without).
+
+Two ways to run an engine, with the same :class:`~eagle3_pipeline.serving.engine.Engine`:
+``offline`` (``vllm.LLM`` in :mod:`eagle3_pipeline.serving.worker`, counters from
+``LLM.get_metrics()``) and ``serve`` (``vllm serve``, the OpenAI client, counters from
+``/metrics`` parsed by ``prometheus_client``). Their counters agree; a test holds that.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from eagle3_pipeline.serving.counters import COUNTERS, PER_POS, counter_delta
+from eagle3_pipeline.serving.engine import Engine
+from eagle3_pipeline.serving.server import engine_server
+
+log = logging.getLogger(__name__)
+
+
+
+class VllmError(RuntimeError):
+    """The server did not start, died, or answered something unusable."""
+
+
+# --------------------------------------------------------------------------- counters
+
+
+def spec_decode_counters(text: str) -> dict[str, Any]:
+    """The spec-decode counters of one ``/metrics`` scrape, summed over label sets
+    (engines, model names); ``{}`` when speculative decoding is off."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, Any] = {}
+    per_pos: dict[int, int] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if not sample.name.endswith("_total"):
+                continue  # counters only (not _created)
+            name = sample.name[: -len("_total")]
+            if name in COUNTERS:
+                key = COUNTERS[name]
+                out[key] = out.get(key, 0) + int(sample.value)
+            elif name == PER_POS and "position" in sample.labels:
+                pos = int(sample.labels["position"])
+                per_pos[pos] = per_pos.get(pos, 0) + int(sample.value)
+    if out:
+        out["accepted_per_pos"] = [per_pos.get(i, 0) for i in range(max(per_pos) + 1)] \
+            if per_pos else []
+    return out
+
+
+def acceptance_figures(c: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's mean acceptance length (1 + accepted / drafts) and per-position rates."""
+    d = c.get("drafts", 0)
+    return {
+        "num_drafts": d,
+        "num_draft_tokens": c.get("draft_tokens", 0),
+        "num_accepted_tokens": c.get("accepted", 0),
+        "num_accepted_tokens_per_pos": c.get("accepted_per_pos", []),
+        "mean_acceptance_length": 1 + c.get("accepted", 0) / d if d else None,
+        "per_position_rate": [x / d for x in c.get("accepted_per_pos", [])] if d else [],
+    }
+
+
+# --------------------------------------------------------------------------- serve
+
+
+def _scrape(base_url: str) -> dict[str, Any]:
+    import urllib.request
+
+    with urllib.request.urlopen(f"{base_url}/metrics", timeout=30) as resp:  # noqa: S310
+        return spec_decode_counters(resp.read().decode("utf-8"))
+
+
+def run_served(python: str | Path, engine: Engine, port: int,
+               prompts: Sequence[Sequence[int]], max_tokens: int,
+               stop_token_ids: Sequence[int], log_file: str | Path,
+               startup_timeout_s: float, shutdown_timeout_s: float,
+               concurrency: int = 1) -> dict[str, Any]:
+    """The same measurement as :mod:`eagle3_pipeline.serving.worker`, through ``vllm serve``."""
+    from openai import OpenAI
+
+    t0 = time.perf_counter()
+    server = engine_server(engine, python, port, log_file, startup_timeout_s,
+                           shutdown_timeout_s, error=VllmError)
+    with server:
+        load_s = time.perf_counter() - t0
+        client = OpenAI(base_url=f"{server.url}/v1", api_key="EMPTY", timeout=600.0,
+                        max_retries=0)
+
+        def complete(ids: Sequence[int], n: int = max_tokens) -> list[int]:
+            out = client.completions.create(
+                model=engine.served_model_name, prompt=list(ids), max_tokens=n,
+                temperature=0.0,
+                extra_body={"return_token_ids": True, "stop_token_ids": list(stop_token_ids),
+                            "skip_special_tokens": False})
+            tokens = (out.choices[0].model_extra or {}).get("token_ids")
+            if not isinstance(tokens, list):
+                raise VllmError("the server returned no token_ids (is this vLLM?)")
+            return [int(t) for t in tokens]
+
+        if prompts:
+            client.completions.create(model=engine.served_model_name,
+                                      prompt=list(prompts[0]), max_tokens=4, temperature=0.0)
+        before = _scrape(server.url)
+        g0 = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+            outputs = list(pool.map(complete, prompts))
+        wall = time.perf_counter() - g0
+        after = _scrape(server.url)
+    generated = sum(len(o) for o in outputs)
+    return {"outputs": outputs, "generated_tokens": generated, "wall_s": wall,
+            "tokens_per_s": generated / wall if wall > 0 else None, "load_s": load_s,
+            "counters": counter_delta(after, before), "run_s": time.perf_counter() - t0}
+
+
+# --------------------------------------------------------------------------- verdict
+
+
+def compare(ours: dict[str, Any], draft_run: dict[str, Any], plain_run: dict[str, Any],
+            k: int) -> dict[str, Any]:
+    """vLLM's figures beside ours: acceptance, losslessness, speedup."""
+    fig = acceptance_figures(draft_run["counters"])
+    if not draft_run["counters"]:
+        raise VllmError("vLLM reported no spec-decode counters: the draft was not used")
+    mismatched = [i for i, (a, b) in enumerate(
+        zip(draft_run["outputs"], plain_run["outputs"], strict=True)) if a != b]
+    ours_len = ours.get("vllm_style_acceptance_length")
+    vllm_len = fig["mean_acceptance_length"]
+    tps_d, tps_p = draft_run.get("tokens_per_s"), plain_run.get("tokens_per_s")
+    return {
+        **fig,
+        "k": k,
+        "ours_acceptance_length": ours_len,
+        "ours_accepted_per_pos": ours.get("accepted_per_pos"),
+        "ours_verification_steps": ours.get("steps"),
+        "acceptance_length_diff": (None if ours_len is None or vllm_len is None
+                                   else vllm_len - ours_len),
+        "lossless": not mismatched,
+        "lossless_prompts": len(draft_run["outputs"]) - len(mismatched),
+        "prompts": len(draft_run["outputs"]),
+        "differing_prompts": mismatched,
+        "generated_tokens": draft_run["generated_tokens"],
+        "tokens_per_s_with_draft": tps_d,
+        "tokens_per_s_without_draft": tps_p,
+        "speedup": tps_d / tps_p if tps_d and tps_p else None,
+        "engine_load_s": {"with_draft": draft_run.get("load_s"),
+                          "without_draft": plain_run.get("load_s")},
+    }
