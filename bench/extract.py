@@ -113,8 +113,9 @@ def main() -> None:
     args = ap.parse_args()
 
     from eagle3_pipeline.core.config import load_config
-    from eagle3_pipeline.extract.hidden_states import extract_hf, load_language_model, plan_batches
+    from eagle3_pipeline.extract.hidden_states import extract_hf, plan_batches
     from eagle3_pipeline.targets.adapter import load_target_spec
+    from eagle3_pipeline.targets.loading import load_language_model
 
     repo = Path(__file__).resolve().parents[1]
     root = Path(tempfile.mkdtemp(prefix="bench_extract_"))

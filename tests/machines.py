@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import functools
+from dataclasses import fields
 from pathlib import Path
 
 from eagle3_pipeline.core.config import Config, load_config
@@ -36,6 +37,19 @@ def _cfg(*overrides: str) -> Config:
 def cfg_for(tmp_path: Path, *overrides: str) -> Config:
     """The composed config with data/ and metrics/ under ``tmp_path``."""
     cfg = copy.deepcopy(_cfg(*overrides))
-    cfg.data_dir = str(tmp_path / "data")
-    cfg.metrics_dir = str(tmp_path / "metrics")
+    return relocate(cfg, tmp_path)
+
+
+def relocate(cfg: Config, root: Path) -> Config:
+    """Point data_dir, metrics_dir and every artifact path under ``root`` (the paths are
+    resolved from data_dir when the config is composed, so each is moved explicitly)."""
+    old = cfg.data_dir
+    cfg.data_dir = str(root / "data")
+    cfg.metrics_dir = str(root / "metrics")
+    for f in fields(cfg.paths):
+        value = getattr(cfg.paths, f.name)
+        if value == old or value.startswith(old + "/"):
+            setattr(cfg.paths, f.name, cfg.data_dir + value[len(old):])
+        else:
+            setattr(cfg.paths, f.name, str(root / value))
     return cfg

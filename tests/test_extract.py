@@ -19,6 +19,7 @@ from eagle3_pipeline.extract import vllm_backend as V
 from eagle3_pipeline.serving.server import VllmServer
 from eagle3_pipeline.stages.runner import StageError
 from eagle3_pipeline.targets.adapter import load_target_spec
+from eagle3_pipeline.targets.loading import load_language_model
 
 REPO = Path(__file__).resolve().parents[1]
 ROW_TOKENS = 40  # short rows keep the CPU forwards fast
@@ -172,7 +173,7 @@ def test_llama_aux_states_and_final_state_reproduce_the_target(tiny_llama_target
 
 def test_language_model_only_no_vision_tower(tiny_target):
     spec = load_target_spec(tiny_target / "data/target/target.json")
-    lm = H.load_language_model(spec, tiny_target / spec.path, "float32")
+    lm = load_language_model(spec, tiny_target / spec.path, "float32")
     names = [n for n, _ in lm.model.named_parameters()]
     assert names and not any("vision" in n or "mm_projector" in n for n in names)
 

@@ -19,13 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eagle3_pipeline.core.errors import ConfigError
+
 SCHEMA_NAME = "eagle3_schema"
 DEFAULT_PARAMS = "params.yaml"
 DEFAULT_CONF_DIR = "conf"
-
-
-class ConfigError(ValueError):
-    """A configuration problem a user must fix; its message names the key or file."""
 
 
 # --------------------------------------------------------------------------- schema
@@ -308,12 +306,31 @@ class ValidateConfig:
 
 
 @dataclass
+class PathsConfig:
+    """Every artifact of the graph, named once. ``dvc.yaml`` reads these as ``${paths.*}``
+    (DVC templating from params.yaml) and the stages read the same values, so the graph and
+    the code cannot disagree on where a stage writes."""
+
+    inventory: str = "${data_dir}/preflight/inventory.json"
+    target: str = "${data_dir}/target"
+    prepared: str = "${data_dir}/prepared"
+    heldout: str = "${data_dir}/heldout"
+    hidden_states: str = "${data_dir}/hidden_states"
+    draft: str = "${data_dir}/draft"
+    train_state: str = "${data_dir}/train_state"
+    validate: str = "${data_dir}/validate"
+    cache: str = "${data_dir}/cache"
+    plots: str = "plots"
+
+
+@dataclass
 class Config:
     """The whole composed configuration (``params.yaml``)."""
 
     seed: int = 0
     data_dir: str = "data"
     metrics_dir: str = "metrics"
+    paths: PathsConfig = field(default_factory=PathsConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -340,6 +357,11 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "extract.on_mismatch": ("refuse", "restart"),
     "validate.vllm_mode": ("offline", "serve"),
 }
+
+
+def metrics_path(cfg: Config, stage: str) -> Path:
+    """The metrics file of ``stage`` (``<metrics_dir>/<stage>.json``, as dvc.yaml names it)."""
+    return Path(cfg.metrics_dir) / f"{stage}.json"
 
 
 def register_schema() -> None:

@@ -29,23 +29,23 @@ from eagle3_pipeline.data.conversations import (
     write_prepared,
 )
 from eagle3_pipeline.core.io import atomic_write_text
-from eagle3_pipeline.stages.runner import StageError
+from eagle3_pipeline.core.errors import StageError
 from eagle3_pipeline.targets.adapter import load_target_spec
 
 log = logging.getLogger(__name__)
 
 
 def prepared_dir(cfg: Config) -> Path:
-    return Path(cfg.data_dir) / "prepared"
+    return Path(cfg.paths.prepared)
 
 
 def heldout_path(cfg: Config) -> Path:
-    return Path(cfg.data_dir) / "heldout" / "prompts.jsonl"
+    return Path(cfg.paths.heldout) / "prompts.jsonl"
 
 
 def regenerate_cache_dir(cfg: Config) -> Path:
     """Outside every DVC output on purpose: it survives a failed or re-run stage."""
-    return Path(cfg.data_dir) / "cache" / "regenerate"
+    return Path(cfg.paths.cache) / "regenerate"
 
 
 def make_backend(cfg: Config, spec: Any, model_dir: Path, tokenizer: Any, eot: list[int]) -> Any:
@@ -88,7 +88,7 @@ def prepare(cfg: Config, progress: bool = True) -> dict[str, Any]:
     check_data_config(cfg)
     d = cfg.data
     t0 = time.perf_counter()
-    spec = load_target_spec(Path(cfg.data_dir) / "target" / "target.json")
+    spec = load_target_spec(Path(cfg.paths.target) / "target.json")
     model_dir = Path(str(spec.path))
     tokenizer = load_tokenizer(model_dir, spec.trust_remote_code)
     eot = end_of_turn_ids(tokenizer, model_dir)

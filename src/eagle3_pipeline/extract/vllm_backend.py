@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.core.config import Config
+from eagle3_pipeline.core.errors import StageError
 from eagle3_pipeline.extract.hidden_states import (
     Extraction,
     Rows,
@@ -42,7 +43,6 @@ from eagle3_pipeline.extract.hidden_states import (
 from eagle3_pipeline.serving.engine import build_engine, log_file
 from eagle3_pipeline.serving.env import find_python
 from eagle3_pipeline.serving.server import child_process, engine_server
-from eagle3_pipeline.stages.runner import StageError
 from eagle3_pipeline.targets.adapter import TargetSpec
 
 log = logging.getLogger(__name__)

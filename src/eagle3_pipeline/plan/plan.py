@@ -44,9 +44,6 @@ from eagle3_pipeline.serving.engine import build_engine
 # The train stage and the torchrun workers it launches (eagle3_pipeline.train.trainer).
 TRAIN_STAGE = "eagle3_pipeline.stages.train"
 TRAIN_WORKER = "eagle3_pipeline.train.trainer"
-# Where vLLM's ExampleHiddenStatesConnector writes its raw files (under data_dir).
-VLLM_HIDDEN_STATES_SUBDIR = "vllm_hidden_states"
-TINY_TARGET_SUBDIR = "target/model"
 MASTER_PORT = 29500
 
 
@@ -71,7 +68,7 @@ def _target_ref(cfg: Config) -> str:
     the revision and remote-code flags)."""
     m = cfg.model
     if m.tiny is not None:
-        return str(Path(cfg.data_dir) / TINY_TARGET_SUBDIR)
+        return str(Path(cfg.paths.target) / "model")
     return m.path or m.hub_id or ""
 
 
@@ -81,9 +78,9 @@ def _line(parts: list[str]) -> str:
 
 def commands(cfg: Config, target: TargetInfo, overrides: list[str]) -> dict[str, Any]:
     """The exact command lines for this profile (DESIGN.md section 4 for the vLLM ones)."""
+    from eagle3_pipeline.extract.vllm_backend import STAGING
     from eagle3_pipeline.train.trainer import TrainPaths  # paths only; no torch at import time
 
-    data = Path(cfg.data_dir)
     paths = TrainPaths.from_config(cfg)
     ref = _target_ref(cfg)
     draft_dir = str(paths.draft)
@@ -93,7 +90,7 @@ def commands(cfg: Config, target: TargetInfo, overrides: list[str]) -> dict[str,
     cuda = cfg.hardware.device == "cuda"
     if cuda or cfg.extract.backend == "vllm":
         engine = build_engine(cfg, target.spec, ref, "extract",
-                              staging=data / VLLM_HIDDEN_STATES_SUBDIR)
+                              staging=Path(cfg.paths.hidden_states) / STAGING)
         out["extract_server"] = engine.shell(cfg.extract.vllm.port)
     else:
         out["extract"] = "python -m eagle3_pipeline.stages.extract --params params.yaml"

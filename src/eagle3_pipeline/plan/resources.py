@@ -22,7 +22,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline.core.config import Config, ConfigError, ModelConfig, TinyModelConfig
+from eagle3_pipeline.core.config import (
+    Config,
+    ConfigError,
+    ModelConfig,
+    TinyModelConfig,
+    metrics_path,
+)
 from eagle3_pipeline.targets.adapter import (
     TargetSpec,
     describe_config,
@@ -186,7 +192,7 @@ def load_target(model: ModelConfig, hf_cache: Path | None = None) -> TargetInfo:
 
 def read_metrics(cfg: Config, stage: str) -> dict[str, Any] | None:
     """An earlier run's ``metrics/<stage>.json``, or None (absent or unreadable)."""
-    p = Path(cfg.metrics_dir) / f"{stage}.json"
+    p = metrics_path(cfg, stage)
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError, UnicodeDecodeError):

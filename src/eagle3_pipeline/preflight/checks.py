@@ -46,8 +46,6 @@ from eagle3_pipeline.preflight.gpu import (
     select_visible,
 )
 
-INVENTORY_SUBPATH = Path("preflight") / "inventory.json"
-
 # Installed-version requirements checked from package metadata (pyproject.toml's ranges).
 PACKAGES: dict[str, str] = {
     "torch": ">=2.9,<=2.14.1",
@@ -569,7 +567,7 @@ def render(result: PreflightResult) -> str:
 
 
 def inventory_path(cfg: Config) -> Path:
-    return Path(cfg.data_dir) / INVENTORY_SUBPATH
+    return Path(cfg.paths.inventory)
 
 
 def write_outputs(cfg: Config, result: PreflightResult, metrics_file: Path) -> None:

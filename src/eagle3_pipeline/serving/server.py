@@ -32,7 +32,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from eagle3_pipeline.stages.runner import StageError
+from eagle3_pipeline.core.errors import StageError
 
 log = logging.getLogger(__name__)
 

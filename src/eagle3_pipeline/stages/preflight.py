@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import logging
 
-from eagle3_pipeline.core.config import Config
+from eagle3_pipeline.core.config import Config, metrics_path
+from eagle3_pipeline.core.errors import StageError
 from eagle3_pipeline.preflight.checks import render, run_preflight, write_outputs
-from eagle3_pipeline.stages.runner import StageError, metrics_path, run_stage
+from eagle3_pipeline.stages.runner import run_stage
 
 log = logging.getLogger(__name__)
 

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import logging
 
-from eagle3_pipeline.core.config import Config
+from eagle3_pipeline.core.config import Config, metrics_path
+from eagle3_pipeline.core.errors import StageError
 from eagle3_pipeline.core.io import atomic_write_json, remove_path
 from eagle3_pipeline.data.conversations import StageInputError
 from eagle3_pipeline.data.prepare import heldout_path, prepare, prepared_dir
 from eagle3_pipeline.data.regenerate import ServerUnavailable
-from eagle3_pipeline.stages.runner import StageError, metrics_path, run_stage
+from eagle3_pipeline.stages.runner import run_stage
 
 log = logging.getLogger(__name__)
 

@@ -6,15 +6,11 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
-from eagle3_pipeline.core.config import Config, ConfigError, config_from_cli
+from eagle3_pipeline.core.config import Config, config_from_cli
+from eagle3_pipeline.core.errors import ConfigError, StageError
 
 log = logging.getLogger("eagle3_pipeline")
-
-
-class StageError(RuntimeError):
-    """An expected failure of a stage (bad input, failed check); its message is shown as is."""
 
 
 def setup_logging(verbose: bool = False) -> None:
@@ -44,6 +40,3 @@ def run_stage(
         print(f"error: {name}: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
 
-
-def metrics_path(cfg: Config, stage: str) -> Path:
-    return Path(cfg.metrics_dir) / f"{stage}.json"

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import logging
 
-from eagle3_pipeline.core.config import Config
+from eagle3_pipeline.core.config import Config, metrics_path
 from eagle3_pipeline.core.io import atomic_write_json
-from eagle3_pipeline.stages.runner import metrics_path, run_stage
+from eagle3_pipeline.stages.runner import run_stage
 from eagle3_pipeline.targets.resolve import resolve_target
 
 log = logging.getLogger(__name__)

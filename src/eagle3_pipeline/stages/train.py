@@ -20,9 +20,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline.core.config import Config
+from eagle3_pipeline.core.config import Config, metrics_path
+from eagle3_pipeline.core.errors import StageError
 from eagle3_pipeline.core.io import atomic_write_json
-from eagle3_pipeline.stages.runner import StageError, metrics_path, run_stage
+from eagle3_pipeline.stages.runner import run_stage
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ METADATA_PATTERNS = [
 
 
 def target_dir(cfg: Config) -> Path:
-    return Path(cfg.data_dir) / "target"
+    return Path(cfg.paths.target)
 
 
 def locate_real_target(cfg: Config) -> Path:

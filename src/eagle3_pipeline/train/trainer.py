@@ -55,7 +55,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline.core.config import Config, ConfigError
+from eagle3_pipeline.core.config import Config, ConfigError, metrics_path
 from eagle3_pipeline.core.io import (
     atomic_dir,
     atomic_write_bytes,
@@ -100,15 +100,15 @@ class TrainPaths:
 
     @classmethod
     def from_config(cls, cfg: Config) -> TrainPaths:
-        data = Path(cfg.data_dir)
+        paths = cfg.paths
         return cls(
-            target_json=data / "target" / "target.json",
-            prepared=data / "prepared",
-            hidden_states=data / "hidden_states",
-            draft=data / "draft",
-            state=data / "train_state",
-            metrics=Path(cfg.metrics_dir) / "train.json",
-            plots=Path("plots") / "train",
+            target_json=Path(paths.target) / "target.json",
+            prepared=Path(paths.prepared),
+            hidden_states=Path(paths.hidden_states),
+            draft=Path(paths.draft),
+            state=Path(paths.train_state),
+            metrics=metrics_path(cfg, "train"),
+            plots=Path(paths.plots) / "train",
         )
 
 

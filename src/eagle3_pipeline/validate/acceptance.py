@@ -97,7 +97,7 @@ class Target:
     @classmethod
     def load(cls, spec: Any, dtype: str = "float32", device: str = "cpu",
              gpu_count: int = 0) -> Target:
-        from eagle3_pipeline.extract.hidden_states import load_language_model
+        from eagle3_pipeline.targets.loading import load_language_model
 
         if not spec.path or not (Path(spec.path) / "config.json").is_file():
             raise FileNotFoundError(f"{spec.path}: the target directory (target.json 'path') "

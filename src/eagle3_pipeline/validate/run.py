@@ -14,19 +14,19 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline.core.config import Config, ConfigError
-from eagle3_pipeline.stages.runner import StageError, metrics_path
+from eagle3_pipeline.core.config import Config, ConfigError, metrics_path
+from eagle3_pipeline.core.errors import StageError
 
 log = logging.getLogger(__name__)
 
 
 def paths(cfg: Config) -> dict[str, Path]:
-    data = Path(cfg.data_dir)
+    paths = cfg.paths
     return {
-        "target_json": data / "target" / "target.json",
-        "draft": data / "draft",
-        "prompts": data / "heldout" / "prompts.jsonl",
-        "out": data / "validate",
+        "target_json": Path(paths.target) / "target.json",
+        "draft": Path(paths.draft),
+        "prompts": Path(paths.heldout) / "prompts.jsonl",
+        "out": Path(paths.validate),
         "train_metrics": metrics_path(cfg, "train"),
         "metrics": metrics_path(cfg, "validate"),
     }
