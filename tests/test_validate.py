@@ -127,7 +127,8 @@ def test_stage_writes_metrics_report_plot_and_model_card(workdir: Path) -> None:
     assert m["k"] == 3 and m["prompts"] == 3 and m["lossless"] is True
     assert 1.0 <= m["acceptance_length"] < 1.5  # an untrained draft
     assert len(m["per_position_rate"]) == 3 and m["verification_steps"] > 0
-    assert m["gpu_after_train"]["mode"] == "not applicable" and m["gpu_released"] is None
+    # GPU release is the train stage's check: validate never reads train's volatile metrics
+    assert "gpu_after_train" not in m and "gpu_released" not in m
     # the same draft in real vLLM: its counters agree with our decoder, and it is lossless
     v = m["vllm"]
     assert v["num_drafts"] == m["verification_steps"]

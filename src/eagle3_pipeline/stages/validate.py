@@ -1,8 +1,8 @@
-"""Stage `validate`: will vLLM load the draft correctly, were the GPUs left clean, and how
+"""Stage `validate`: will vLLM load the draft correctly, is it lossless, and how
 many tokens per target step does it really buy?
 
 Reads data/draft (the train stage's checkpoint), data/target/target.json, the held-out
-prompts data/heldout/prompts.jsonl and metrics/train.json; writes metrics/validate.json
+prompts data/heldout/prompts.jsonl; writes metrics/validate.json
 and data/validate/ (report.md, acceptance.png, README.md: the model card). Fails when the
 checkpoint validator finds errors, or when float32 speculative decoding is not lossless.
 """

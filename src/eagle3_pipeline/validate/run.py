@@ -27,7 +27,6 @@ def paths(cfg: Config) -> dict[str, Path]:
         "draft": Path(paths.draft),
         "prompts": Path(paths.heldout) / "prompts.jsonl",
         "out": Path(paths.validate),
-        "train_metrics": metrics_path(cfg, "train"),
         "metrics": metrics_path(cfg, "validate"),
     }
 
@@ -49,15 +48,18 @@ def runtime(cfg: Config) -> tuple[str, str]:
     return device, dtype
 
 
-def train_gpu_reading(path: Path) -> dict[str, Any] | None:
-    """The train stage's NVML reading after its workers exited (key ``gpu``)."""
-    if not path.is_file():
-        return None
+def draft_summary(draft_dir: Path) -> dict[str, Any]:
+    """Shape facts for the model card, read from the draft's own config.json (the train
+    stage's metrics are volatile readings and never feed this stage)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: not valid JSON ({exc.msg})") from None
-    return data.get("gpu")
+        conf = json.loads((draft_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return {}
+    layer = conf.get("transformer_layer_config") or {}
+    shape = {k: layer[k] for k in ("model_type", "num_hidden_layers", "hidden_size",
+                                   "num_attention_heads", "num_key_value_heads",
+                                   "intermediate_size") if k in layer}
+    return {"draft_shape": shape or None, "draft_vocab_size": conf.get("draft_vocab_size")}
 
 
 def stop_token_ids(model_dir: str | Path) -> list[int]:
@@ -181,7 +183,7 @@ def validate_draft(cfg: Config, device: str, dtype: str) -> tuple[dict[str, Any]
     """Check and measure the draft (``device``/``dtype`` from :func:`runtime`); return
     ``(metrics, context)``: metrics for metrics/validate.json, context for the report."""
     from eagle3_pipeline.targets.adapter import load_target_spec
-    from eagle3_pipeline.validate.report import gpu_lines, package_versions
+    from eagle3_pipeline.validate.report import package_versions
 
     p = paths(cfg)
     if not p["target_json"].is_file():
@@ -191,9 +193,6 @@ def validate_draft(cfg: Config, device: str, dtype: str) -> tuple[dict[str, Any]
     spec = load_target_spec(p["target_json"])
 
     checkpoint = check_checkpoint(p["draft"], spec)
-    gpu = train_gpu_reading(p["train_metrics"])
-    for line in gpu_lines(gpu):
-        log.info("%s", line.lstrip("- "))
     k = cfg.validate.k or int(checkpoint["speculative_tokens"])
     acc = measure_acceptance(cfg, spec, p["draft"], p["prompts"], k, device, dtype)
     if acc["lossless"] is False and dtype == "float32" and cfg.validate.require_lossless:
@@ -213,8 +212,6 @@ def validate_draft(cfg: Config, device: str, dtype: str) -> tuple[dict[str, Any]
                  vllm["tokens_per_s_with_draft"] or 0.0, vllm["speedup"] or 0.0)
         check_vllm_agreement(vllm, dtype, cfg)
 
-    train_metrics = (json.loads(p["train_metrics"].read_text(encoding="utf-8"))
-                     if p["train_metrics"].is_file() else {})
     metrics: dict[str, Any] = {
         "checkpoint_ok": checkpoint["ok"],
         "checkpoint_errors": checkpoint["errors"],
@@ -234,9 +231,6 @@ def validate_draft(cfg: Config, device: str, dtype: str) -> tuple[dict[str, Any]
         "divergences": acc["divergences"],
         "device": device,
         "dtype": dtype,
-        "gpu_after_train": gpu if gpu else {"mode": "unknown"},
-        "gpu_released": (None if not gpu or gpu.get("mode") == "not applicable"
-                         else bool(gpu.get("clean"))),
     }
     if vllm is not None:
         metrics["vllm_acceptance_length"] = vllm["mean_acceptance_length"]
@@ -254,7 +248,6 @@ def validate_draft(cfg: Config, device: str, dtype: str) -> tuple[dict[str, Any]
                    "vllm_architecture": spec.vllm_architecture,
                    "aux_layer_ids": spec.aux_layer_ids},
         "checkpoint": checkpoint,
-        "gpu": gpu,
         "acceptance": acc,
         "vllm": vllm,
         "device": device,
@@ -262,7 +255,7 @@ def validate_draft(cfg: Config, device: str, dtype: str) -> tuple[dict[str, Any]
         "seed": cfg.seed,
         "data": {"source": cfg.data.source, "path": cfg.data.path,
                  "license": data_licence(cfg), "regenerate": cfg.data.regenerate},
-        "train": train_metrics,
+        "train": {**draft_summary(p["draft"]), "samples": cfg.train.samples},
         "versions": package_versions(),
     }
     return metrics, context
@@ -273,8 +266,5 @@ def _fmt(x: float | None) -> str:
 
 
 def data_licence(cfg: Config) -> str:
-    if cfg.data.source == "builtin":
-        from eagle3_pipeline.data.corpus import LICENSE
-
-        return LICENSE
+    """The data's licence as configured (the builtin data group sets the corpus's own)."""
     return cfg.data.license
