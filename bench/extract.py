@@ -67,7 +67,7 @@ def build_rows(root: Path, n: int, vocab: int, seed: int = 0) -> list[list[int]]
 
 
 def bare_forward(lm, rows, plan, full: bool) -> float:
-    from eagle3_pipeline.extract.hidden_states import forward_batch
+    from eagle3_pipeline.targets.capture import forward_batch
 
     t0 = time.perf_counter()
     with torch.inference_mode():
@@ -87,7 +87,7 @@ def bare_forward(lm, rows, plan, full: bool) -> float:
 
 
 def bare_serialize(rows, n_layers: int, hidden: int, fsync: bool) -> tuple[float, int]:
-    from eagle3_pipeline.extract.hidden_states import save_hidden_states
+    from eagle3_pipeline.extract.writer import save_hidden_states
 
     tensors = [(torch.tensor(r, dtype=torch.int64),
                 torch.randn(len(r), n_layers, hidden).to(torch.bfloat16)) for r in rows]
@@ -113,7 +113,8 @@ def main() -> None:
     args = ap.parse_args()
 
     from eagle3_pipeline.core.config import load_config
-    from eagle3_pipeline.extract.hidden_states import extract_hf, plan_batches
+    from eagle3_pipeline.extract.batch_plan import plan_batches
+    from eagle3_pipeline.extract.hf_backend import extract_hf
     from eagle3_pipeline.targets.adapter import load_target_spec
     from eagle3_pipeline.targets.loading import load_language_model
 

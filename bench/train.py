@@ -2,9 +2,9 @@
 
 Same data (the prepared rows + hidden states of the working directory), same packed
 batches, same draft shape and device; speculators' ``Trainer`` runs with only the patches
-in ``eagle3_pipeline.compat.speculators_trainer``. Trials are interleaved (ours, theirs,
-ours, ...) so that load from other processes hits both alike; the medians of 5 are reported,
-and the median of the per-trial (paired) ratios.
+of ``eagle3_pipeline.compat.speculators.speculators_trainer``. Trials are interleaved
+(ours, theirs, ours, ...) so that load from other processes hits both alike; the medians
+of 5 are reported, and the median of the per-trial (paired) ratios.
 
 Run from a working directory that holds data/target, data/prepared, data/hidden_states:
 
@@ -38,18 +38,20 @@ def main() -> None:
 
     from eagle3_pipeline.compat.speculators import speculators_trainer
     from eagle3_pipeline.core.config import load_config
-    from eagle3_pipeline.train import trainer as training
+    from eagle3_pipeline.train.distributed import Dist
+    from eagle3_pipeline.train.loop import DraftTrainer
+    from eagle3_pipeline.train.plan import plan_training
 
     cfg = load_config(["train.tokens_per_step=1024", "train.hidden_noise=0.05",
                        *args.overrides])
-    plan = training.plan_training(cfg)
-    ours = training.DraftTrainer(cfg, plan, training.Dist(), progress=False)
-    other = training.DraftTrainer(cfg, plan, training.Dist(), progress=False)
-    all_batches = ours._batches(ours.train_ds, 0, train=True)
+    plan = plan_training(cfg)
+    ours = DraftTrainer(cfg, plan, Dist(), progress=False)
+    other = DraftTrainer(cfg, plan, Dist(), progress=False)
+    all_batches = ours.epoch_batches(ours.train_ds, 0)
     need = args.steps * args.trials + 1
     while len(all_batches) < need:
         all_batches += all_batches
-    loader = ours._loader(ours.train_ds, [])
+    loader = ours.loader(ours.train_ds, [])
     collate = loader.collate_fn
 
     def slice_loader(k: int) -> DataLoader:
@@ -58,8 +60,8 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         tcfg = TrainerConfig(
-            lr=cfg.train.lr, num_epochs=1, save_path=tmp, train_call_kwargs=ours._call_kwargs(),
-            val_call_kwargs=ours._call_kwargs(), weight_decay=cfg.train.weight_decay,
+            lr=cfg.train.lr, num_epochs=1, save_path=tmp, train_call_kwargs=ours.call_kwargs(),
+            val_call_kwargs=ours.call_kwargs(), weight_decay=cfg.train.weight_decay,
             scheduler_type="cosine", scheduler_total_steps=need,
             hidden_states_dtype=getattr(torch, plan.runtime.dtype), log_freq=10**9,
         )

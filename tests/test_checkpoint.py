@@ -263,6 +263,32 @@ def test_nan_weights(built: Built, tmp_path: Path) -> None:
     assert sorted(where) == ["model.safetensors:fc.weight", "model.safetensors:lm_head.weight"]
 
 
+def test_values_located_across_dtypes_numpy_cannot_read(tmp_path: Path) -> None:
+    # byte ranges are derived from offset order and sizes: a tensor stored after an fp8
+    # one (no numpy dtype) must still be read at the right place.
+    from eagle3_pipeline.validate.checkpoint_values import byte_ranges
+
+    path = tmp_path / "model.safetensors"
+    sd = {
+        "a": torch.ones(5, dtype=torch.float8_e4m3fn),
+        "b": torch.tensor([1.0, float("inf")], dtype=torch.bfloat16),
+        "c": torch.arange(3, dtype=torch.int64),
+        "d": torch.zeros(0),
+    }
+    save_file(sd, path)
+    data = path.read_bytes()
+    for name, (start, end) in byte_ranges(path).items():
+        assert data[start:end] == sd[name].view(torch.uint8).numpy().tobytes(), name
+
+    (tmp_path / "config.json").write_text("{}")
+    report = validate_checkpoint(tmp_path, None, reload=False)
+    assert errors(report, "nonfinite") == ["model.safetensors:b"]
+    path.write_bytes(data[:-2])  # truncated: refused, not read past its end
+    report = validate_checkpoint(tmp_path, None, reload=False)
+    assert errors(report, "weights-unreadable") == ["model.safetensors"]
+    assert not errors(report, "nonfinite")
+
+
 def test_no_safetensors(built: Built, tmp_path: Path) -> None:
     path = variant(built, tmp_path)
     (path / "model.safetensors").unlink()

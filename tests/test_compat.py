@@ -7,6 +7,7 @@ on CPU, a reload that reaches for the hub, training-only tensors in a published 
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 from pathlib import Path
@@ -152,7 +153,8 @@ def test_internals_used_by_the_strict_dataset_and_the_cpu_trainer() -> None:
     assert "SampleUnavailable(" in raw and "torch.equal" in raw, (
         "ArrowDataset no longer reports token mismatches as SampleUnavailable"
     )
-    assert SampleUnavailable is not None
+    # compat recognises it with isinstance and names its reason in the error it raises
+    assert "reason" in {f.name for f in dataclasses.fields(SampleUnavailable)}
     assert "hidden_states_path" in inspect.getsource(FileTransfer.__init__)
     # the CPU patches: device from get_local_rank, synchronize in the step timer
     assert "self.model.to(self.local_rank)" in inspect.getsource(trainer_mod.Trainer.setup_model)
@@ -162,6 +164,34 @@ def test_internals_used_by_the_strict_dataset_and_the_cpu_trainer() -> None:
     assert "torch.accelerator.synchronize()" in timer_src
     for name in ("mark", "now"):
         assert hasattr(trainer_mod._StepTimer, name)
+
+
+def test_strict_dataset_raises_where_speculators_returns_sample_unavailable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The promise of compat.strict_hidden_states_dataset: a row whose hidden-states file
+    ArrowDataset rejects (it returns SampleUnavailable and only warns) is an error naming
+    the row, its file and speculators' reason -- never a silently dropped sample."""
+    from hs_connectors import FileTransfer
+    from speculators.train.data import ArrowDataset
+    from speculators.train.recovery import SampleUnavailable
+
+    from eagle3_pipeline.compat.speculators import strict_hidden_states_dataset
+
+    def fake_init(self: ArrowDataset, **kwargs: object) -> None:
+        assert kwargs["on_missing"] == "raise"  # never "generate" (a server on localhost)
+        self.transfer = kwargs["transfer"]
+
+    reason = "Cached token ids do not match sample 5"
+    monkeypatch.setattr(ArrowDataset, "__init__", fake_init)
+    monkeypatch.setattr(ArrowDataset, "_map_to_file_idx", lambda self, index: index + 1)
+    monkeypatch.setattr(ArrowDataset, "__getitem__",
+                        lambda self, index: SampleUnavailable(reason=reason))
+    ds = strict_hidden_states_dataset(tmp_path, tmp_path, "train", 0.8, 64, torch.float32)
+    assert isinstance(ds.transfer, FileTransfer)
+    with pytest.raises(ValueError, match=rf"hs_6\.safetensors: unusable for prepared row 6 "
+                                         rf"\({reason}\)"):
+        ds[5]
 
 
 def test_stock_trainer_runs_a_step_on_cpu(saved) -> None:

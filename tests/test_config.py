@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ import yaml
 from eagle3_pipeline.core.config import (
     Config,
     ConfigError,
+    compose,
     compose_yaml,
     load_config,
     load_params,
@@ -108,3 +111,102 @@ def test_compose_check_detects_stale_params(tmp_path):
     assert subprocess.run([*cmd, "--check"], capture_output=True, timeout=120).returncode == 0
     out.write_text(out.read_text().replace("samples: 240", "samples: 7"))
     assert subprocess.run([*cmd, "--check"], capture_output=True, timeout=120).returncode == 1
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("train.parallel=fdsp", "train.parallel"),
+        ("train.scheduler=cosin", "train.scheduler"),
+        ("train.draft.layer_type=mistral", "train.draft.layer_type"),
+        ("train.dtype=fp8", "train.dtype"),
+        ("train.device=tpu", "train.device"),
+        ("train.attn_implementation=flash", "train.attn_implementation"),
+        ("train.loss_implementation=triton", "train.loss_implementation"),
+        ("validate.vllm_mode=http", "validate.vllm_mode"),
+        ("validate.dtype=int8", "validate.dtype"),
+        ("extract.backend=sglang", "extract.backend"),
+        ("extract.on_mismatch=merge", "extract.on_mismatch"),
+        ("data.regenerate_backend=openai", "data.regenerate_backend"),
+        ("data.source=s3", "data.source"),
+        ("hardware.interconnect=infiniband", "hardware.interconnect"),
+        ("model.dtype=fp16", "model.dtype"),
+        # a typo'd key, and the test-only switches that are no settings
+        ("train.sampels=5", "train.sampels"),
+        ("validate.server.prot=1", "validate.server.prot"),
+        ("extract.fail_after=1", "extract.fail_after"),
+        ("train.fail_after_steps=1", "train.fail_after_steps"),
+    ],
+)
+def test_bad_choice_or_key_fails_while_composing(override, key):
+    """What `dvc exp run -S` composes: refused by the schema before any stage runs."""
+    with pytest.raises(ConfigError) as err:
+        compose([override], conf_dir=REPO / "conf")
+    msg = str(err.value)
+    assert key in msg and "\n" not in msg
+
+
+def test_bad_choice_in_a_params_file_names_the_key(tmp_path):
+    data = yaml.safe_load(compose_yaml(conf_dir=REPO / "conf"))
+    data["train"]["parallel"] = "fdsp"
+    p = tmp_path / "params.yaml"
+    p.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match=r"train\.parallel.*fdsp.*auto, ddp, fsdp"):
+        load_params(p)
+
+
+def test_choices_read_and_write_as_plain_strings():
+    cfg = load_config(["model=kimi_k25", "hardware=rtx_pro_6000_x8"], conf_dir=REPO / "conf")
+    assert cfg.hardware.device == "cuda" and cfg.extract.backend == "hf"
+    assert f"{cfg.hardware.device}/{cfg.model.dtype}" == "cuda/bfloat16"
+    assert str(cfg.train.parallel) == "auto" and {"auto": 1}[cfg.train.parallel] == 1
+    text = json.dumps(asdict(cfg))
+    assert '"device": "cuda"' in text and '"interconnect": "pcie"' in text
+    assert "Device" not in text and "Interconnect" not in text
+    assert "backend: hf" in compose_yaml(conf_dir=REPO / "conf")
+
+
+def test_profiles_keep_their_values():
+    """The schema's defaults are the default run; the GPU profiles state their own."""
+    default = load_config(conf_dir=REPO / "conf")
+    assert default.hardware.serving.max_model_len == 4096
+    assert default.hardware.throughput.extract_tokens_per_s == 5000.0
+    assert default.model.dtype == "float32" and default.model.tiny is not None
+    assert default.data.server.base_url == "http://127.0.0.1:8000/v1"
+    h200 = load_config(["hardware=h200_x1", "model=qwen3_8b"], conf_dir=REPO / "conf")
+    assert h200.hardware.serving.max_model_len == 8192 and h200.model.dtype == "bfloat16"
+    assert h200.model.tiny is None
+    llama = load_config(["model=tiny_llama"], conf_dir=REPO / "conf")
+    assert llama.model.tiny is not None and llama.model.tiny.rope_scaling is None
+    moved = load_config(["data.server.port=9000"], conf_dir=REPO / "conf")
+    assert moved.data.server.base_url == "http://127.0.0.1:9000/v1"
+
+
+def _restated(values: dict, defaults: dict, where: str) -> list[str]:
+    """Leaves of ``values`` equal to the schema default at the same key."""
+    found = []
+    for key, value in values.items():
+        here = f"{where}.{key}"
+        default = defaults.get(key, object())
+        if isinstance(value, dict) and isinstance(default, dict):
+            found += _restated(value, default, here)
+        elif value == default and isinstance(value, bool) == isinstance(default, bool):
+            found.append(f"{here}: {value!r}")
+    return found
+
+
+def test_conf_states_no_schema_default():
+    """Defaults live in the dataclasses only: conf/config.yaml picks the groups and a
+    group file states only what its profile changes."""
+    from omegaconf import OmegaConf
+
+    top = yaml.safe_load((REPO / "conf" / "config.yaml").read_text(encoding="utf-8"))
+    assert set(top) == {"defaults"}, f"conf/config.yaml sets {sorted(set(top) - {'defaults'})}"
+    schema = OmegaConf.to_container(OmegaConf.structured(Config), enum_to_str=True)
+    offenders = []
+    for path in sorted((REPO / "conf").glob("*/*.yaml")):
+        group = path.parent.name
+        values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        offenders += [f"{path.relative_to(REPO)}: {leaf}"
+                      for leaf in _restated(values, schema[group], group)]
+    assert not offenders, "conf/ restates the schema's defaults:\n" + "\n".join(offenders)

@@ -14,8 +14,13 @@ import torch
 from safetensors.torch import load_file
 
 from eagle3_pipeline.core.config import load_config
-from eagle3_pipeline.extract import hidden_states as H
+from eagle3_pipeline.core.faults import FAULT_EXIT_CODE
 from eagle3_pipeline.extract import vllm_backend as V
+from eagle3_pipeline.extract.batch_plan import plan_batches, rank_batches
+from eagle3_pipeline.extract.hf_backend import extract_hf
+from eagle3_pipeline.extract.layout import TMP_GLOB
+from eagle3_pipeline.extract.rows import load_rows
+from eagle3_pipeline.extract.writer import save_hidden_states
 from eagle3_pipeline.serving.server import VllmServer
 from eagle3_pipeline.stages.runner import StageError
 from eagle3_pipeline.targets.adapter import load_target_spec
@@ -77,7 +82,7 @@ def extract(workdir: Path, *overrides: str, model: str = "tiny_kimi_k25") -> dic
     old = os.getcwd()
     os.chdir(workdir)
     try:
-        return H.extract_hf(cfg, progress=False)
+        return extract_hf(cfg, progress=False)
     finally:
         os.chdir(old)
 
@@ -101,16 +106,16 @@ def kimi_run(tiny_target, tmp_path_factory):
 
 def test_batch_plan_is_padding_aware_deterministic_and_prefix_stable():
     lengths = [5, 30, 7, 30, 12, 3, 9, 40, 2, 8]
-    plan = H.plan_batches(lengths, batch_tokens=60, plan_rows=4)
+    plan = plan_batches(lengths, batch_tokens=60, plan_rows=4)
     assert sorted(i for b in plan for i in b) == list(range(len(lengths)))
     for b in plan:
         assert len(b) == 1 or len(b) * max(lengths[i] for i in b) <= 60
         assert all(lengths[a] >= lengths[c] for a, c in zip(b, b[1:], strict=False))
-    assert plan == H.plan_batches(lengths, 60, 4)
-    grown = H.plan_batches(lengths + [11, 1, 50], 60, 4)
+    assert plan == plan_batches(lengths, 60, 4)
+    grown = plan_batches(lengths + [11, 1, 50], 60, 4)
     # the full segments of the first rows keep their batches when rows are appended
     assert [b for b in plan if max(b) < 8] == [b for b in grown if max(b) < 8]
-    assert H.rank_batches(plan, 1, 2) == [(j, b) for j, b in enumerate(plan) if j % 2 == 1]
+    assert rank_batches(plan, 1, 2) == [(j, b) for j, b in enumerate(plan) if j % 2 == 1]
 
 
 # --------------------------------------------------------------------------- content
@@ -207,30 +212,29 @@ def test_speculators_loader_reads_every_file(kimi_run):
 # --------------------------------------------------------------------------- resume
 
 
-def test_fail_after_kills_mid_run_and_the_rerun_matches_an_uninterrupted_run(
+def test_fault_kills_mid_run_and_the_rerun_matches_an_uninterrupted_run(
     kimi_run, tiny_target, tmp_path
 ):
     ref, ref_metrics = kimi_run
     wd = workdir_for(tiny_target, tmp_path)
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "EAGLE3_FAULT_EXTRACT_FAIL_AFTER": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "eagle3_pipeline.stages.extract", "--conf-dir", str(REPO / "conf"),
-         "extract.batch_tokens=96", "extract.fsync=false", "extract.dtype=float32",
-         "extract.fail_after=1"],
+         "extract.batch_tokens=96", "extract.fsync=false", "extract.dtype=float32"],
         cwd=wd, env=env, capture_output=True, text=True, timeout=300,
     )
-    assert proc.returncode == H.FAULT_EXIT_CODE, proc.stderr[-2000:]
+    assert proc.returncode == FAULT_EXIT_CODE, proc.stderr[-2000:]
     out = wd / "data/hidden_states"
-    plan = H.plan_batches([len(r) for r in rows_of(wd)], 96, 256)
+    plan = plan_batches([len(r) for r in rows_of(wd)], 96, 256)
     assert len(plan) >= 3
     first = {i: (out / f"hs_{i}.safetensors").stat().st_ino for i in plan[0]}
-    assert list(out.glob(H.TMP_GLOB)), "the fault leaves a file cut mid-write"
+    assert list(out.glob(TMP_GLOB)), "the fault leaves a file cut mid-write"
     assert len(list(out.glob("hs_*.safetensors"))) < 8
     metrics = extract(wd, "extract.dtype=float32")
     assert metrics["batches_skipped"] == 1
     assert metrics["batches_computed"] == ref_metrics["batches_computed"] - 1
     assert {i: (out / f"hs_{i}.safetensors").stat().st_ino for i in plan[0]} == first
-    assert not list(out.glob(H.TMP_GLOB))
+    assert not list(out.glob(TMP_GLOB))
     for i in range(8):
         name = f"hs_{i}.safetensors"
         assert (out / name).read_bytes() == (ref / "data/hidden_states" / name).read_bytes()
@@ -319,8 +323,10 @@ def test_unwritable_output_and_full_disk_are_refused(tiny_target, tmp_path, monk
     with pytest.raises(StageError, match="not writable"):
         extract(wd)
     (wd / "data/hidden_states").unlink()
-    real = H.shutil.disk_usage
-    monkeypatch.setattr(H.shutil, "disk_usage", lambda p: real(p)._replace(free=1000))
+    import shutil
+
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=1000))
     with pytest.raises(StageError, match="GB free"):
         extract(wd)
     assert _nothing_written(wd)
@@ -413,19 +419,19 @@ def test_server_is_shut_down_on_error_and_ctrl_c(tmp_path):
 def test_vllm_files_are_validated_and_converted(kimi_run, tmp_path):
     wd, _ = kimi_run
     spec = load_target_spec(wd / "data/target/target.json")
-    rows = H.load_rows(wd / "data/prepared", spec.vocab_size)
+    rows = load_rows(wd / "data/prepared", spec.vocab_size)
     out = tmp_path / "hs"
     out.mkdir()
     n_layers = len(spec.aux_layer_ids) + 1
     for i in range(2):  # what vLLM's connector writes: model dtype, [seq, n_layers, hidden]
         ids = torch.tensor(rows_of(wd)[i])
         hs = torch.randn(len(ids), n_layers, spec.hidden_size, dtype=torch.bfloat16)
-        H.save_hidden_states(out / f"hs_{i}.safetensors", ids, hs, fsync=False)
+        save_hidden_states(out / f"hs_{i}.safetensors", ids, hs, fsync=False)
     assert V.validate_and_convert(rows, out, [0, 1], n_layers, spec.hidden_size, "float32") == 2
     assert load_file(out / "hs_0.safetensors")["hidden_states"].dtype == torch.float32
     bad = torch.tensor(rows_of(wd)[1])
     bad[0] += 1
-    H.save_hidden_states(out / "hs_1.safetensors", bad,
+    save_hidden_states(out / "hs_1.safetensors", bad,
                          torch.zeros(len(bad), n_layers, spec.hidden_size), fsync=False)
     with pytest.raises(StageError, match="hs_1.safetensors: token_ids differ"):
         V.validate_and_convert(rows, out, [0, 1], n_layers, spec.hidden_size, "float32")

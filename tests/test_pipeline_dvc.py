@@ -115,10 +115,16 @@ def test_repro_end_to_end_then_cached_then_train_only_change(repo_copy: Path):
     metrics = json.loads(shown)
     assert metrics, "dvc metrics show returned nothing"
     validate = json.loads((repo_copy / "metrics/validate.json").read_text())
-    assert validate["acceptance_length"] >= 1.0
+    # our figure is the one its per-position counts give, and the trained draft buys
+    # tokens (about 2.7 with this reduced config; an untrained draft scores about 1)
+    steps, per_pos = validate["verification_steps"], validate["accepted_per_pos"]
+    assert validate["vllm_style_acceptance_length"] == pytest.approx(1 + sum(per_pos) / steps)
+    assert validate["per_position_rate"] == pytest.approx([c / steps for c in per_pos])
+    assert 1.5 < validate["acceptance_length"] <= validate["vllm_style_acceptance_length"] + 1e-9
     # the trained draft in real vLLM: its counters give our figure, and it is lossless
+    tol = yaml.safe_load((repo_copy / "params.yaml").read_text())["validate"]["vllm_agreement_tol"]
     assert validate["vllm_acceptance_length"] == pytest.approx(
-        validate["vllm_style_acceptance_length"], abs=0.01)
+        validate["vllm_style_acceptance_length"], abs=tol)
     assert validate["vllm_lossless"] is True and validate["vllm_speedup"] > 0
     assert json.loads((repo_copy / "metrics/preflight.json").read_text())["passed"] is True
 
@@ -186,8 +192,12 @@ def test_tiny_llama_runs_the_whole_graph(repo_copy: Path):
     assert target["architecture"] == "LlamaForCausalLM" and not target["nested"]
     assert lock["target"]["params"]["params.yaml"]["model"]["name"] == "tiny_llama"
     validate = json.loads((repo_copy / "metrics/validate.json").read_text())
-    assert validate["acceptance_length"] >= 1.0
+    # the tiny Llama's reduced draft learns less (measured 1.44; an untrained one scores 1.0)
+    steps, per_pos = validate["verification_steps"], validate["accepted_per_pos"]
+    assert validate["vllm_style_acceptance_length"] == pytest.approx(1 + sum(per_pos) / steps)
+    assert 1.2 < validate["acceptance_length"] <= validate["vllm_style_acceptance_length"] + 1e-9
     # a plain Llama target + draft in vLLM too: no MLA, so no workaround
+    tol = yaml.safe_load((repo_copy / "params.yaml").read_text())["validate"]["vllm_agreement_tol"]
     assert validate["vllm_acceptance_length"] == pytest.approx(
-        validate["vllm_style_acceptance_length"], abs=0.01)
+        validate["vllm_style_acceptance_length"], abs=tol)
     assert "VLLM_MLA_DISABLE" not in validate["vllm"]["workarounds"]["with_draft"]["env"]

@@ -12,9 +12,10 @@ import pytest
 from machines import cfg_for
 
 from eagle3_pipeline.core.config import Config, ConfigError
-from eagle3_pipeline.plan import plan, resources
-from eagle3_pipeline.preflight.checks import TorchView, run_preflight
+from eagle3_pipeline.plan import plan, resources, target_info, weights
 from eagle3_pipeline.preflight.gpu import MemoryReader
+from eagle3_pipeline.preflight.hardware import TorchView
+from eagle3_pipeline.preflight.run import run_preflight
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
@@ -34,7 +35,7 @@ def write_metrics(cfg: Config, stage: str, data: dict) -> None:
 
 def test_kimi_bytes_per_token_three_aux_plus_final_bf16(tmp_path):
     cfg = cfg_for(tmp_path, *KIMI, "train.samples=1000")
-    target = resources.load_target(cfg.model)
+    target = target_info.load_target(cfg.model)
     s = resources.estimate_storage(cfg, target)
     assert target.captured_layer_ids == [2, 30, 58, 61]
     assert s.bytes_per_token == 4 * 7168 * 2 == 57_344  # 56 KiB
@@ -48,40 +49,40 @@ def test_measured_tokens_per_row_replace_the_upper_bound(tmp_path):
     write_metrics(
         cfg, "prepare", {"mean_tokens_per_row": 2048, "rows": 500, "conversations_train": 250}
     )
-    s = resources.estimate_storage(cfg, resources.load_target(cfg.model))
+    s = resources.estimate_storage(cfg, target_info.load_target(cfg.model))
     assert not s.upper_bound and s.basis.startswith("measured")
     assert s.rows_per_conversation == 2.0
     assert s.total_tokens == 1000 * 2048 * 2
-    # DESIGN.md: 1000 samples of 2k tokens is about 115 GB (here 2 rows per conversation)
+    # 1000 samples of 2k tokens is about 115 GB (here 2 rows per conversation)
     assert s.total_bytes == 1000 * 2048 * 2 * (57_344 + 8)
     write_metrics(cfg, "prepare", {"mean_tokens_per_row": 2048})
     assert (
-        resources.estimate_storage(cfg, resources.load_target(cfg.model)).total_tokens == 2_048_000
+        resources.estimate_storage(cfg, target_info.load_target(cfg.model)).total_tokens == 2_048_000
     )
 
 
 def test_tiny_target_shape_without_building_anything(tmp_path):
     cfg = cfg_for(tmp_path)
-    target = resources.load_target(cfg.model)
+    target = target_info.load_target(cfg.model)
     assert target.spec.num_layers == 4 and target.spec.hidden_size == 128
     assert target.spec.aux_layer_ids == [1, 2, 3]  # resolve_aux_layer_ids(4, None)
     assert target.captured_layer_ids == [1, 2, 3, 4]
     s = resources.estimate_storage(cfg, target)
     assert s.bytes_per_token == 4 * 128 * 2
-    llama = resources.load_target(cfg_for(tmp_path, "model=tiny_llama").model)
+    llama = target_info.load_target(cfg_for(tmp_path, "model=tiny_llama").model)
     assert llama.spec.attention == "standard" and llama.spec.num_key_value_heads == 2
 
 
 def test_hf_cache_lookup_and_the_clear_failure(tmp_path):
     cfg = cfg_for(tmp_path, "model=kimi_k25")
     with pytest.raises(ConfigError, match=r"pass model\.path=DIR"):
-        resources.load_target(cfg.model, hf_cache=tmp_path / "cache")
+        target_info.load_target(cfg.model, hf_cache=tmp_path / "cache")
     sha = "a" * 40
     repo = tmp_path / "cache" / "models--moonshotai--Kimi-K2.5"
     shutil.copytree(FIXTURE, repo / "snapshots" / sha)
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(sha)
-    target = resources.load_target(cfg.model, hf_cache=tmp_path / "cache")
+    target = target_info.load_target(cfg.model, hf_cache=tmp_path / "cache")
     assert target.spec.num_layers == 61 and target.source.startswith("HF cache")
 
 
@@ -90,7 +91,7 @@ def test_hf_cache_lookup_and_the_clear_failure(tmp_path):
 
 def test_draft_parameters_and_memory_hand_computed(tmp_path):
     cfg = cfg_for(tmp_path, *KIMI)
-    d = resources.estimate_draft(cfg, resources.load_target(cfg.model))
+    d = resources.estimate_draft(cfg, target_info.load_target(cfg.model))
     h, heads, kv, hd, inter, dv, v = 7168, 64, 64, 112, 14336, 1024, 163840
     assert (d.num_heads, d.num_kv_heads, d.head_dim, d.intermediate_size) == (heads, kv, hd, inter)
     assert d.head_dim != 64 and d.intermediate_size != 18432  # not inherited from MLA / dense
@@ -108,21 +109,61 @@ def test_draft_parameters_and_memory_hand_computed(tmp_path):
 
 def test_kimi_serving_weights_int4_experts(tmp_path):
     cfg = cfg_for(tmp_path, *KIMI)
-    w = resources.estimate_target_weights(resources.load_target(cfg.model))
+    w = weights.estimate_target_weights(target_info.load_target(cfg.model))
     experts = 60 * 384 * 3 * 7168 * 2048  # 60 MoE layers (first_k_dense_replace=1)
     assert w.expert_params == experts
     assert w.expert_bytes == pytest.approx(experts * (4 / 8 + 2 / 32))  # INT4 + bf16 scale / 32
     assert 1.0e12 < w.params < 1.05e12  # "1T parameters"
-    s = resources.estimate_serving(cfg, w)
+    s = weights.estimate_serving(cfg, w)
     assert s.gpus_used == 8 and s.expert_parallel
     assert s.weights_per_gpu_bytes == pytest.approx(w.bytes_total / 8)
     assert s.usable_per_gpu_bytes == pytest.approx(97887 * 2**20 * 0.9)
     assert 0 < s.headroom_per_gpu_bytes < s.usable_per_gpu_bytes
 
 
+QWEN3_MOE = REPO / "tests" / "fixtures" / "qwen3_30b_a3b"
+
+
+def _qwen3_moe(tmp_path, config: dict | None = None) -> target_info.TargetInfo:
+    """Qwen/Qwen3-30B-A3B from its public config.json (optionally changed)."""
+    src = QWEN3_MOE
+    if config is not None:
+        src = tmp_path / "qwen3_moe"
+        src.mkdir(parents=True)
+        (src / "config.json").write_text(json.dumps(config))
+    cfg = cfg_for(tmp_path, "model=qwen3_8b", "model.name=qwen3_30b_a3b", f"model.path={src}")
+    return target_info.load_target(cfg.model)
+
+
+def test_qwen3_30b_a3b_weight_estimate_is_the_published_30_5b(tmp_path):
+    target = _qwen3_moe(tmp_path)
+    assert target.family.name == "qwen3_moe" and target.spec.num_experts == 128
+    w = weights.estimate_target_weights(target)
+    h, layers, experts, moe_inter, v = 2048, 48, 128, 768, 151936
+    attention = h * 32 * 128 + 2 * h * 4 * 128 + 32 * 128 * h + 2 * 128  # + q/k norms
+    per_layer = attention + experts * 3 * h * moe_inter + experts * h + 2 * h  # no router bias
+    # 30,532,122,624: what transformers' Qwen3MoeForCausalLM counts for this config
+    assert w.params == layers * per_layer + 2 * v * h + h == 30_532_122_624
+    assert w.params == pytest.approx(30.5e9, rel=0.01)  # the model card's "30.5B in total"
+    assert w.expert_params == layers * experts * 3 * h * moe_inter
+    assert w.bytes_total == pytest.approx(2 * w.params)  # bf16, unquantized
+
+
+def test_decoder_sparse_step_2_makes_half_the_layers_moe(tmp_path):
+    config = json.loads((QWEN3_MOE / "config.json").read_text())
+    every = weights.count_params(_qwen3_moe(tmp_path / "a", config))
+    config["decoder_sparse_step"] = 2
+    half = weights.count_params(_qwen3_moe(tmp_path / "b", config))
+    assert every.moe_layers == tuple(range(48))
+    assert half.moe_layers == tuple(range(1, 48, 2))  # (i + 1) % 2 == 0
+    assert half.experts * 2 == every.experts
+    assert half.num_dense == 24  # dense MLP of intermediate_size on the others
+    assert half.total == every.total - every.experts // 2 - 24 * 128 * 2048 + 24 * 3 * 2048 * 6144
+
+
 def test_time_assumptions_and_measured_replacement(tmp_path):
     cfg = cfg_for(tmp_path, *KIMI, "train.samples=1000", "train.epochs=10")
-    s = resources.estimate_storage(cfg, resources.load_target(cfg.model))
+    s = resources.estimate_storage(cfg, target_info.load_target(cfg.model))
     ext, trn = resources.estimate_time(cfg, s)
     # the seed workflow: 10 epochs over 1,000 samples at ~6 steps/s is ~28 minutes
     assert trn.seconds == pytest.approx(10 * 1000 / 6.0) and trn.source.startswith("assumption")
@@ -158,7 +199,7 @@ def test_plan_commands_for_the_kimi_profile(tmp_path):
         assert part in c["extract_server"]
     assert c["train"][0].startswith("python -m eagle3_pipeline.stages.train --params params.yaml")
     assert c["train"][1] == (
-        "torchrun --standalone --nproc_per_node 8 -m eagle3_pipeline.train.trainer --params "
+        "torchrun --standalone --nproc_per_node 8 -m eagle3_pipeline.train.worker --params "
         f"params.yaml --out {cfg.data_dir}/train_state/rank0_metrics.json"
     )
     assert (

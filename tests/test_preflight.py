@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import json
 import subprocess
 import sys
@@ -12,15 +13,17 @@ import pytest
 from machines import BLACKWELL, cfg_for, rtx
 
 from eagle3_pipeline.core.config import Config
-from eagle3_pipeline.preflight import checks as preflight
-from eagle3_pipeline.preflight.checks import TorchView, run_preflight
 from eagle3_pipeline.preflight.gpu import (
     GpuInfo,
     GpuProcess,
     MemoryReader,
     NoGpuDriver,
+    open_reader,
     select_visible,
 )
+from eagle3_pipeline.preflight.hardware import TorchView
+from eagle3_pipeline.preflight.result import render
+from eagle3_pipeline.preflight.run import run_preflight
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
@@ -77,7 +80,7 @@ def test_eight_idle_blackwells_pass(tmp_path):
     m = res.metrics
     assert m["passed"] is True and m["gpu_count_visible"] == 8
     assert m["gpus"][3]["uuid"].startswith("GPU-03") and m["snapshot"]["mode"] == "cuda"
-    table = preflight.render(res)
+    table = render(res)
     assert "preflight passed" in table and "97,887 MiB" in table
 
 
@@ -104,7 +107,7 @@ def test_busy_gpu_with_a_foreign_process_fails_with_an_actionable_line(tmp_path)
         ]
     }
     assert res.metrics["passed"] is False and res.metrics["failures"] == 1
-    assert "FAIL: GPU 3: 41,210 MiB used by pid 8812 (python)" in preflight.render(res)
+    assert "FAIL: GPU 3: 41,210 MiB used by pid 8812 (python)" in render(res)
 
 
 def test_memory_held_by_processes_not_visible_here(tmp_path):
@@ -315,7 +318,7 @@ def test_cpu_profile_on_a_gpu_machine_runs_on_cpu(tmp_path):
 
 def _has_driver() -> bool:
     try:
-        preflight.open_reader().close()
+        open_reader().close()
     except NoGpuDriver:
         return False
     return True
@@ -347,14 +350,18 @@ def test_stage_writes_outputs_and_exit_codes(tmp_path, monkeypatch):
     metrics = json.loads((tmp_path / "metrics/preflight.json").read_text())
     assert inv == {"mode": "cpu"}
     assert metrics["passed"] is True and metrics["checks"]["disk"]["passed"] is True
-    assert metrics["packages"]["torch"] is not None
+    assert metrics["packages"]["torch"] == importlib.metadata.version("torch")
 
     with pytest.raises(SystemExit) as exc:
         main(["--conf-dir", str(CONF), "hardware=rtx_pro_6000_x8"])
     assert exc.value.code == 1
     assert json.loads((tmp_path / "metrics/preflight.json").read_text())["passed"] is False
 
+    # strict=false: the same failure is recorded, but the stage exits 0
     main(["--conf-dir", str(CONF), "hardware=rtx_pro_6000_x8", "preflight.strict=false"])
+    metrics = json.loads((tmp_path / "metrics/preflight.json").read_text())
+    assert metrics["passed"] is False and metrics["strict"] is False
+    assert metrics["checks"]["driver"]["passed"] is False
 
 
 def test_stage_help():

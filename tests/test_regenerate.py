@@ -19,13 +19,12 @@ from eagle3_pipeline.data.conversations import end_of_turn_ids, load_tokenizer, 
 from eagle3_pipeline.data.corpus import builtin_conversations
 from eagle3_pipeline.data.regenerate import (
     GenerationCache,
-    HFBackend,
     Reasoning,
-    ServerBackend,
-    ServerUnavailable,
     plan_turns,
     regenerate_rows,
 )
+from eagle3_pipeline.data.regenerate_hf import HFBackend
+from eagle3_pipeline.data.regenerate_server import ServerBackend, ServerUnavailable
 from eagle3_pipeline.targets.tiny import load_target_model
 
 REPO = Path(__file__).resolve().parents[1]

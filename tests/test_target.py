@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from eagle3_pipeline.targets.adapter import default_aux_layer_ids, load_target_spec
+from eagle3_pipeline.targets.adapter import load_target_spec
+from eagle3_pipeline.targets.families.base import vllm_default_aux_layer_ids
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -32,7 +33,7 @@ def test_tiny_kimi_is_a_nested_kimi_k25_under_the_real_weight_names(tiny_target)
         "final_norm": "language_model.model.norm.weight",
     }
     assert not spec.tie_word_embeddings and spec.chat_template
-    assert spec.aux_layer_ids == default_aux_layer_ids(spec.num_layers) == [1, 2, 3]
+    assert spec.aux_layer_ids == vllm_default_aux_layer_ids(spec.num_layers) == [1, 2, 3]
     model_dir = tiny_target / spec.path
     index = json.loads((model_dir / "model.safetensors.index.json").read_text())
     names = set(index["weight_map"])
@@ -111,6 +112,7 @@ def test_tiny_target_build_is_deterministic(tmp_path):
             assert a[k].dtype == b[k].dtype and a[k].view(-1).view_as(a[k]).equal(b[k]), k
 
 
+@pytest.mark.slow
 def test_trained_tiny_target_beats_unigram_by_half(tmp_path):
     """The default target training makes it language-like: perplexity <= 0.5x unigram."""
     from eagle3_pipeline.core.config import load_config

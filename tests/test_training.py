@@ -1,11 +1,8 @@
 """The train stage: a draft that learns, on either tiny target, resumable, refusing bad input.
 
-Until the prepare and extract stages exist, ``make_training_data`` writes their outputs
-from the tiny target in exactly their format: ``data/prepared`` (a ``save_to_disk``
-dataset with input_ids / loss_mask / seq_len, one row per assistant turn, + token_freq.pt)
-and ``data/hidden_states`` (``hs_{i}.safetensors``: token_ids, hidden_states
-``[seq, n_aux + 1, H]`` bf16 whose last entry is the final state BEFORE the final norm,
-+ manifest.json).
+Its inputs are made by the real prepare (recorded answers, no regeneration) and extract
+(hf backend) stages from the session's tiny targets, so the train stage is tested on
+exactly the files the graph hands it.
 """
 
 from __future__ import annotations
@@ -13,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -31,69 +27,27 @@ REDUCED = [
     "train.val_fraction=0.2",
     "train.checkpoint_every_steps=1000",
 ]
+# The prepare and extract settings of the inputs: recorded answers, rows of <= 160 tokens.
+DATA = ["data.regenerate=false", "data.max_seq_len=160", "extract.fsync=false"]
+FAULT_ENV = "EAGLE3_FAULT_TRAIN_FAIL_AFTER_STEPS"
 
 
 # --------------------------------------------------------------------------- data helper
 
 
-def make_training_data(workdir: Path, n_convs: int = 40, max_len: int = 160) -> int:
-    """prepare + extract outputs for the tiny target in ``workdir``; returns the row count."""
-    from datasets import Dataset
-    from safetensors.torch import save_file
-    from transformers import AutoTokenizer
+def make_training_data(workdir: Path, *overrides: str) -> None:
+    """Run the prepare and extract stages in ``workdir`` (which holds conf/ and the
+    target stage's data/target/)."""
+    from eagle3_pipeline.stages import extract, prepare
 
-    from eagle3_pipeline.data.corpus import builtin_conversations
-    from eagle3_pipeline.targets.adapter import load_target_spec
-    from eagle3_pipeline.targets.tiny import load_target_model
-
-    data = workdir / "data"
-    spec = load_target_spec(data / "target" / "target.json")
-    model_dir = workdir / spec.path if not Path(spec.path).is_absolute() else Path(spec.path)
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    rows: dict[str, list[Any]] = {"input_ids": [], "loss_mask": [], "seq_len": []}
-    freq: Counter[int] = Counter()
-    for conv in builtin_conversations(0)[:n_convs]:
-        msgs = conv["messages"]
-        for i, m in enumerate(msgs):
-            if m["role"] != "assistant":
-                continue
-            ctx = tok.apply_chat_template(msgs[:i], add_generation_prompt=True, tokenize=False)
-            full = tok.apply_chat_template(msgs[: i + 1], tokenize=False)
-            ctx_ids = tok(ctx, add_special_tokens=False)["input_ids"]
-            ids = tok(full, add_special_tokens=False)["input_ids"][:max_len]
-            mask = [0] * min(len(ctx_ids), len(ids)) + [1] * max(0, len(ids) - len(ctx_ids))
-            if sum(mask) == 0:
-                continue
-            rows["input_ids"].append(ids)
-            rows["loss_mask"].append(mask)
-            rows["seq_len"].append(len(ids))
-            freq.update(t for t, k in zip(ids, mask, strict=True) if k)
-    Dataset.from_dict(rows).with_format("torch").save_to_disk(str(data / "prepared"))
-    torch.save(dict(freq), data / "prepared" / "token_freq.pt")
-
-    target = load_target_model(model_dir)
-    norm = next(m for n, m in target.named_modules()
-                if n.endswith("language_model.norm") or n == "model.norm")
-    captured: dict[str, torch.Tensor] = {}
-    hook = norm.register_forward_pre_hook(lambda _m, args: captured.__setitem__("h", args[0]))
-    hs_dir = data / "hidden_states"
-    hs_dir.mkdir(parents=True, exist_ok=True)
-    with torch.no_grad():
-        for i, ids in enumerate(rows["input_ids"]):
-            x = torch.tensor([ids])
-            out = target(input_ids=x, output_hidden_states=True)
-            aux = [out.hidden_states[k][0] for k in spec.aux_layer_ids]
-            hs = torch.stack([*aux, captured["h"][0]], dim=1).to(torch.bfloat16)
-            save_file({"token_ids": x[0].to(torch.int64), "hidden_states": hs.contiguous()},
-                      str(hs_dir / f"hs_{i}.safetensors"))
-    hook.remove()
-    (hs_dir / "manifest.json").write_text(json.dumps({
-        "target": {"name": spec.name, "hub_id": spec.hub_id, "revision": spec.revision},
-        "layers": {"aux_layer_ids": spec.aux_layer_ids, "final": "before_final_norm"},
-        "hidden_size": spec.hidden_size, "dtype": "bfloat16",
-        "samples": {"count": len(rows["input_ids"])},
-    }))
-    return len(rows["input_ids"])
+    old = os.getcwd()
+    os.chdir(workdir)
+    try:
+        cfg = load_config([*DATA, *overrides])
+        prepare.run(cfg, progress=False)
+        extract.run(cfg)
+    finally:
+        os.chdir(old)
 
 
 def _workdir(src: Path, dst: Path) -> Path:
@@ -106,7 +60,7 @@ def _workdir(src: Path, dst: Path) -> Path:
 def kimi_data(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("train_kimi")
     shutil.copytree(tiny_target, root, dirs_exist_ok=True)
-    make_training_data(root)
+    make_training_data(root, "train.samples=40")
     return root
 
 
@@ -173,7 +127,7 @@ def test_vocab_always_holds_end_of_turn_and_reasoning_markers(tiny_target: Path)
         build_vocab_mapping(freq, 4096, 2048, list(found.values()))
 
 
-def test_killed_run_resumes_and_the_draft_learns(kimi_data: Path, run_in) -> None:
+def test_killed_run_resumes_and_the_draft_learns(kimi_data: Path, run_in, monkeypatch) -> None:
     import psutil
 
     from eagle3_pipeline.compat.speculators import load_draft
@@ -181,9 +135,11 @@ def test_killed_run_resumes_and_the_draft_learns(kimi_data: Path, run_in) -> Non
 
     work = run_in(kimi_data)
     args = [*REDUCED, "train.epochs=2", "train.checkpoint_every_steps=3"]
+    monkeypatch.setenv(FAULT_ENV, "4")
     with pytest.raises(SystemExit) as exc:
-        main([*args, "train.fail_after_steps=4"])
+        main(args)
     assert exc.value.code == 1
+    monkeypatch.delenv(FAULT_ENV)
     state = json.loads((work / "data/train_state/state.json").read_text())
     assert state["global_step"] == 3 and not state["finished"]
     assert not (work / "data/draft").exists() and not (work / "metrics/train.json").exists()
@@ -212,10 +168,11 @@ def test_killed_run_resumes_and_the_draft_learns(kimi_data: Path, run_in) -> Non
 
 
 def _expect_refusal(overrides: list[str], match: str) -> None:
-    from eagle3_pipeline.train import trainer as training
+    from eagle3_pipeline.train.errors import TrainingError
+    from eagle3_pipeline.train.plan import plan_training
 
-    with pytest.raises((ConfigError, training.TrainingError), match=match):
-        training.plan_training(load_config([*REDUCED, *overrides]))
+    with pytest.raises((ConfigError, TrainingError), match=match):
+        plan_training(load_config([*REDUCED, *overrides]))
 
 
 def test_refuses_bad_settings(kimi_data: Path, run_in) -> None:
@@ -226,17 +183,21 @@ def test_refuses_bad_settings(kimi_data: Path, run_in) -> None:
 
 
 @pytest.mark.parametrize(
-    ("edit", "match"),
+    ("section", "key", "value", "match"),
     [
-        ({"layers": [0, 1, 2]}, "layers \\[0, 1, 2\\]"),
-        ({"target": {"name": "tiny_llama"}}, "target name='tiny_llama'"),
-        ({"target": {"name": "tiny_kimi_k25", "revision": "abc"}}, "revision='abc'"),
+        ("layers", "aux_layer_ids", [0, 1, 2], "layers \\[0, 1, 2\\]"),
+        ("target", "name", "tiny_llama", "target name='tiny_llama'"),
+        ("target", "revision", "abc", "revision='abc'"),
+        ("target", "hidden_size", 64, "hidden_size=64"),
     ],
 )
-def test_refuses_hidden_states_of_another_target(kimi_data: Path, run_in, edit, match) -> None:
+def test_refuses_hidden_states_of_another_target(kimi_data: Path, run_in, section, key, value,
+                                                 match) -> None:
     work = run_in(kimi_data)
     path = work / "data/hidden_states/manifest.json"
-    path.write_text(json.dumps({**json.loads(path.read_text()), **edit}))
+    manifest = json.loads(path.read_text())
+    manifest[section][key] = value
+    path.write_text(json.dumps(manifest))
     _expect_refusal([], match)
 
 
@@ -261,7 +222,7 @@ def test_tiny_llama_trains_through_the_same_path(tiny_llama_target: Path, tmp_pa
                                                  run_in) -> None:
     src = tmp_path / "llama_src"
     shutil.copytree(tiny_llama_target, src)
-    make_training_data(src, n_convs=12)
+    make_training_data(src, "model=tiny_llama", "train.samples=12")
     work = run_in(src)
     from eagle3_pipeline.stages.train import main
 
@@ -319,7 +280,8 @@ def _check_multiprocess_run(work: Path, args: list[str], parallel: str) -> dict[
     import psutil
 
     from eagle3_pipeline.compat.speculators import load_draft
-    from eagle3_pipeline.train.trainer import choose_parallel, plan_training
+    from eagle3_pipeline.train.plan import plan_training
+    from eagle3_pipeline.train.runtime import choose_parallel
 
     m = json.loads((work / "metrics/train.json").read_text())
     assert m["world_size"] == 2 and m["parallel"] == parallel
@@ -363,6 +325,7 @@ def _check_multiprocess_run(work: Path, args: list[str], parallel: str) -> dict[
     return m
 
 
+@pytest.mark.slow
 def test_two_cpu_workers_run_the_torchrun_path(kimi_data: Path, run_in) -> None:
     """``train.nproc=2`` on CPU: the stage's own launcher starts ``torchrun
     --nproc_per_node 2`` (gloo), the same launch that runs one worker per GPU on CUDA."""
@@ -376,7 +339,9 @@ def test_two_cpu_workers_run_the_torchrun_path(kimi_data: Path, run_in) -> None:
     assert m["val_loss"] < m["val_loss_untrained"]
 
 
-def test_fsdp_on_two_cpu_workers_checkpoints_and_resumes(kimi_data: Path, run_in) -> None:
+@pytest.mark.slow
+def test_fsdp_on_two_cpu_workers_checkpoints_and_resumes(kimi_data: Path, run_in,
+                                                        monkeypatch) -> None:
     """FSDP2 (``fully_shard``) with gloo: the resumable state and the draft are gathered on
     rank 0; a killed run resumes from the gathered state and ends at the planned step."""
     from eagle3_pipeline.stages.train import main
@@ -384,9 +349,11 @@ def test_fsdp_on_two_cpu_workers_checkpoints_and_resumes(kimi_data: Path, run_in
     work = run_in(kimi_data)
     args = [*REDUCED, "train.epochs=2", "train.nproc=2", "train.parallel=fsdp",
             "train.checkpoint_every_steps=2"]
+    monkeypatch.setenv(FAULT_ENV, "3")  # inherited by the torchrun workers
     with pytest.raises(SystemExit) as exc:
-        main([*args, "train.fail_after_steps=3"])
+        main(args)
     assert exc.value.code == 1
+    monkeypatch.delenv(FAULT_ENV)
     state = json.loads((work / "data/train_state/state.json").read_text())
     assert state["global_step"] == 2 and not state["finished"]
     saved = torch.load(work / "data/train_state/state.pt", weights_only=False)
@@ -403,7 +370,8 @@ def test_fsdp_on_two_cpu_workers_checkpoints_and_resumes(kimi_data: Path, run_in
 def test_parallel_mode_selection() -> None:
     from eagle3_pipeline.core.config import Config, DraftShapeConfig
     from eagle3_pipeline.draft.shape import estimate_parameters, resolve_draft_shape
-    from eagle3_pipeline.train.trainer import choose_parallel, dist_backend, resolve_runtime
+    from eagle3_pipeline.train.distributed import dist_backend
+    from eagle3_pipeline.train.runtime import choose_parallel, resolve_runtime
 
     kimi, cfg = _spec(), Config()
     cfg.train.draft_vocab_size = 32000

@@ -18,8 +18,9 @@ from safetensors.torch import load_file
 from test_extract import config, workdir_for
 
 from eagle3_pipeline.core.config import load_config
-from eagle3_pipeline.extract import hidden_states as H
 from eagle3_pipeline.extract import vllm_backend as V
+from eagle3_pipeline.extract.hf_backend import extract_hf
+from eagle3_pipeline.extract.rows import load_rows
 from eagle3_pipeline.serving.engine import build_engine
 from eagle3_pipeline.serving.env import find_python
 from eagle3_pipeline.serving.offline import VllmRunError, run_offline
@@ -57,12 +58,12 @@ def test_vllm_extraction_equals_the_hf_backend(tiny_target, tmp_path):
     within one bf16 rounding step, with token ids equal to the rows."""
     hf_wd = workdir_for(tiny_target, tmp_path / "hf", n=4)
     vl_wd = workdir_for(tiny_target, tmp_path / "vllm", n=4)
-    _in(hf_wd, H.extract_hf, config(hf_wd), False)
-    cfg = config(vl_wd, "extract.backend=vllm", f"extract.vllm.port={_free_port()}",
-                 "extract.vllm.concurrency=2")
+    _in(hf_wd, extract_hf, config(hf_wd), False)
+    cfg = config(vl_wd, "extract.backend=vllm", f"extract.server.port={_free_port()}",
+                 "extract.server.concurrency=2")
     metrics = _in(vl_wd, V.extract_vllm, cfg)
     assert metrics["samples_written"] == 4 and metrics["backend"] == "vllm"
-    rows = H.load_rows(vl_wd / "data/prepared", 1 << 30)
+    rows = load_rows(vl_wd / "data/prepared", 1 << 30)
     equal = total = 0
     for i in range(4):
         a = load_file(hf_wd / f"data/hidden_states/hs_{i}.safetensors")
@@ -109,7 +110,7 @@ def test_regeneration_through_vllm_serve_equals_transformers(tiny_target, tmp_pa
         cfg = _in(wd, _load, [*common, *extra])
         m = _in(wd, prepare, cfg, False)
         assert m["backend"] == name
-        rows[name] = H.load_rows(wd / "data/prepared", 1 << 30)
+        rows[name] = load_rows(wd / "data/prepared", 1 << 30)
     a, b = rows["hf"], rows["server"]
     assert len(a) == len(b) > 0
     assert [list(x) for x in a.input_ids(range(len(a)))] == \

@@ -20,7 +20,7 @@ def make_workdir(tiny_target: Path, root: Path, n_prompts: int = 3) -> Path:
     from eagle3_pipeline.data.corpus import builtin_conversations
     from eagle3_pipeline.draft.shape import build_draft, build_vocab_mapping, resolve_draft_shape
     from eagle3_pipeline.targets.adapter import load_target_spec
-    from eagle3_pipeline.train.trainer import save_draft
+    from eagle3_pipeline.train.save import save_draft
     from eagle3_pipeline.validate.run import stop_token_ids
 
     shutil.copytree(tiny_target / "conf", root / "conf")

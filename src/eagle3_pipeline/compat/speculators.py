@@ -78,7 +78,7 @@ def strict_hidden_states_dataset(
     """speculators' ``ArrowDataset`` over prepare's rows and extract's ``hs_{i}`` files, with
     its silent fallbacks turned into errors.
 
-    Two loader traps (DESIGN.md section 3): ``on_missing`` defaults to ``"generate"``
+    Two loader traps: ``on_missing`` defaults to ``"generate"``
     (a vLLM server on localhost), so it is forced to ``"raise"``; and a file whose
     ``token_ids`` differ from the row comes back as ``SampleUnavailable`` with only a
     warning, and the collate function then drops it or trains on an empty placeholder.

@@ -17,7 +17,6 @@ from eagle3_pipeline.core.config import (
     ConfigError,
     _to_config,
     compose,
-    compose_yaml,
 )
 from eagle3_pipeline.core.io import atomic_write_text
 
@@ -33,9 +32,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=DEFAULT_PARAMS, help="default: params.yaml")
     parser.add_argument("--check", action="store_true", help="only check that --out is in sync")
     args = parser.parse_args(argv)
+    from omegaconf import OmegaConf
+
     try:
-        text = compose_yaml(args.overrides, args.conf_dir)
-        _to_config(compose(args.overrides, args.conf_dir))  # semantic validation too
+        node = compose(args.overrides, args.conf_dir)
+        text = OmegaConf.to_yaml(node)  # what DVC writes (compose_yaml)
+        _to_config(node)  # the cross-key checks too
     except ConfigError as exc:
         print(f"error: config: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

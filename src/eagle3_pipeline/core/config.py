@@ -6,9 +6,11 @@ and expects ``conf/`` + overrides. Both paths go through :func:`load_config` and
 validated by the same dataclass schema, so they cannot drift apart.
 
 Why dataclasses registered in Hydra's ConfigStore: with the schema as the first entry of
-``conf/config.yaml``'s defaults list, Hydra rejects an unknown key or a wrong type while
-composing -- including when ``dvc exp run -S`` composes (DVC imports ``hydra_plugins/``
-from the repository root first, see ``hydra_plugins/eagle3_pipeline_schema``).
+``conf/config.yaml``'s defaults list, Hydra rejects an unknown key, a wrong type or a
+value outside a choice (the Enums of :mod:`eagle3_pipeline.core.choices`) while composing --
+including when ``dvc exp run -S`` composes (DVC imports ``hydra_plugins/`` from the
+repository root first, see ``hydra_plugins/eagle3_pipeline_schema``). So
+``-S train.parallel=fdsp`` fails before the first stage runs, not when train does.
 """
 
 from __future__ import annotations
@@ -16,9 +18,28 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
+from eagle3_pipeline.core.choices import (
+    AttnImplementation,
+    DataFormat,
+    DataSource,
+    Device,
+    DraftLayerType,
+    Dtype,
+    ExtractBackend,
+    Interconnect,
+    LossImplementation,
+    OnError,
+    OnMismatch,
+    Parallel,
+    Reasoning,
+    RegenerateBackend,
+    Scheduler,
+    VllmMode,
+)
 from eagle3_pipeline.core.errors import ConfigError
 
 SCHEMA_NAME = "eagle3_schema"
@@ -27,13 +48,19 @@ DEFAULT_CONF_DIR = "conf"
 
 
 # --------------------------------------------------------------------------- schema
+#
+# Every default lives here and nowhere else. The defaults ARE the default run (the tiny
+# Kimi-shaped target on CPU with the builtin corpus): conf/config.yaml only picks the
+# groups, and each conf/<group>/<name>.yaml states only what that profile changes.
 
 
 @dataclass
 class TinyModelConfig:
     """Shape of the embedded tiny target that the ``target`` stage builds locally."""
 
-    architecture: str = "kimi_k25"  # kimi_k25 | llama
+    # A target family registered in targets/families (checked when loading, not an Enum:
+    # the registry is the one list): what transformers class is built.
+    architecture: str = "kimi_k25"
     hidden_size: int = 128
     num_layers: int = 4
     num_heads: int = 4
@@ -53,19 +80,28 @@ class TinyModelConfig:
     moe_intermediate_size: int = 64
     first_k_dense_replace: int = 1
     max_position_embeddings: int = 1024
-    # Rope scaling as the real model has it (yarn; null: plain rope). The tiny keeps the
-    # real beta/mscale settings and its own window: original_max * factor = max positions.
     rope_theta: float = 50000.0
-    rope_scaling: dict[str, Any] | None = None
+    # Rope scaling as the real model has it (null: plain rope): yarn with the real
+    # beta/mscale settings and the tiny's own window, original_max * factor = max positions.
+    rope_scaling: dict[str, Any] | None = field(default_factory=lambda: {
+        "type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 256,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+    })
 
 
 @dataclass
 class ModelConfig:
-    """The target model. Exactly one of ``tiny`` (build locally) or ``path``/``hub_id``."""
+    """The target model. Exactly one of ``tiny`` (build locally) or ``path``/``hub_id``:
+    a real-target profile sets ``tiny: null``."""
 
     name: str = "tiny_kimi_k25"
     # Build a tiny target locally (the offline default); null for a real target.
-    tiny: TinyModelConfig | None = None
+    tiny: TinyModelConfig | None = field(default_factory=TinyModelConfig)
     # A local directory holding at least config.json (+ weight index, tokenizer files).
     path: str | None = None
     # A real target's hub id and pinned revision (a commit sha): a hub id alone is not a
@@ -76,8 +112,9 @@ class ModelConfig:
     # Residual-stream layers to capture (id k = the stream entering layer k). null: the
     # target adapter's default. Resolved once by the target stage into target.json.
     aux_layer_ids: list[int] | None = None
-    # Precision the target runs in for extraction / generation on GPUs.
-    dtype: str = "bfloat16"
+    # Precision the target runs in for extraction / generation on GPUs (the tiny target
+    # is trained and served in float32; real targets set bfloat16).
+    dtype: Dtype = Dtype.float32
 
 
 @dataclass
@@ -89,12 +126,13 @@ class ServingConfig:
     data_parallel_size: int = 1
     enable_expert_parallel: bool = False
     gpu_memory_utilization: float = 0.9
-    max_model_len: int = 8192
+    max_model_len: int = 4096
 
 
 @dataclass
 class ThroughputAssumptions:
-    """Throughput figures used by estimates until the pipeline has measured its own."""
+    """Throughput figures used by estimates until the pipeline has measured its own; a
+    profile states the figures measured (or reported) for its machine."""
 
     extract_tokens_per_s: float = 2000.0
     train_steps_per_s: float = 5.0
@@ -106,34 +144,46 @@ class HardwareConfig:
     """What the run expects of the machine; preflight checks the machine against it."""
 
     name: str = "cpu"
-    device: str = "cpu"  # cpu | cuda
+    device: Device = Device.cpu
     nodes: int = 1
     gpu_count: int = 0  # per node
     gpu_name: str | None = None  # substring the NVML name must contain
     gpu_memory_mib: int | None = None
     memory_tolerance_mib: int = 2048
     min_compute_capability: float | None = None
-    interconnect: str = "none"  # none | pcie | nvlink
+    interconnect: Interconnect = Interconnect.none
     idle_memory_mib: int = 1024  # a GPU using more than this is busy
     expected_processes: list[str] = field(default_factory=list)
-    train_dtype: str = "float32"
+    train_dtype: Dtype = Dtype.float32
     serving: ServingConfig = field(default_factory=ServingConfig)
     throughput: ThroughputAssumptions = field(default_factory=ThroughputAssumptions)
 
 
 @dataclass
-class RegenerateServerConfig:
-    """An OpenAI-compatible chat-completions server of the target that returns token ids
-    (``return_token_ids``, as vLLM does); used when ``data.regenerate_backend=server``."""
+class ServerConfig:
+    """An OpenAI-compatible (vLLM) server the pipeline talks to over HTTP: the port of the
+    ``vllm serve`` the pipeline starts on 127.0.0.1, and how many requests our client
+    keeps in flight. Engine settings are not here: ``vllm`` and ``hardware.serving``."""
 
-    base_url: str = "http://127.0.0.1:8000/v1"
-    model: str | None = None  # served model name; null: the first one /v1/models lists
+    port: int = 8000
+    concurrency: int = 1
+
+
+@dataclass
+class RegenerateServerConfig(ServerConfig):
+    """The server that regenerates assistant turns (``data.regenerate_backend=server``).
+    Unlike extraction and validation it may be a server the user runs elsewhere, and its
+    client retries; it must return token ids (``return_token_ids``, as vLLM does)."""
+
     concurrency: int = 8
+    # Where the client sends requests; by default the pipeline's own server at ``port``.
+    base_url: str = "http://127.0.0.1:${.port}/v1"
+    model: str | None = None  # served model name; null: the first one /v1/models lists
     timeout_s: float = 300.0  # per request
     retries: int = 3  # extra attempts on timeouts, connection errors, 408/409/425/429/5xx
     temperature: float = 0.0  # 0 = greedy, what the draft is evaluated against
-    # Start `vllm serve <target>` for the run and always stop it afterwards (GPU profiles);
-    # false: use a server the user runs at base_url.
+    # Start `vllm serve <target>` for the run (at base_url's port) and always stop it
+    # afterwards (GPU profiles); false: use a server the user runs at base_url.
     start: bool = False
 
 
@@ -142,26 +192,30 @@ class DataConfig:
     """Where conversations come from and how they become training rows."""
 
     name: str = "builtin"
-    source: str = "builtin"  # builtin | file | hf
-    path: str | None = None
-    format: str = "auto"  # auto | sharegpt | openai
+    source: DataSource = DataSource.builtin
+    path: str | None = None  # required for source file | hf
+    format: DataFormat = DataFormat.auto
     split: str = "train"
     heldout_size: int = 16
     max_seq_len: int = 512
-    on_error: str = "skip"  # skip | fail
-    # On-policy data: replace every assistant turn by the target's own greedy answer.
+    on_error: OnError = OnError.skip
+    # On-policy data: replace every assistant turn by the target's own greedy answer
+    # (token ids kept as generated): a draft accepts well only on what the target says.
     regenerate: bool = True
-    regenerate_backend: str = "hf"  # hf (in-process) | server (OpenAI-compatible)
+    regenerate_backend: RegenerateBackend = RegenerateBackend.hf
     max_new_tokens: int = 96  # per regenerated assistant turn
     generate_batch_size: int = 32  # hf backend
     server: RegenerateServerConfig = field(default_factory=RegenerateServerConfig)
-    reasoning: str = "keep"  # keep | drop
+    reasoning: Reasoning = Reasoning.keep
+    # The builtin corpus is built from pydoc_data.topics: the Python Software Foundation
+    # License, like the text it comes from.
     license: str = "PSF-2.0"
 
 
 @dataclass
 class TargetStageConfig:
-    """How the ``target`` stage builds and trains the embedded tiny target."""
+    """How the ``target`` stage builds and trains the embedded tiny target (ignored for
+    real targets)."""
 
     train_steps: int = 400
     batch_size: int = 16
@@ -198,20 +252,11 @@ class VllmConfig:
 
 
 @dataclass
-class ExtractVllmConfig:
-    """The ``vllm`` extraction backend: a local ``vllm serve`` driven by speculators'
-    offline generation client (engine settings: ``vllm``, ``hardware.serving``)."""
-
-    port: int = 8000
-    concurrency: int = 32  # requests in flight from speculators' client
-
-
-@dataclass
 class ExtractConfig:
     """The ``extract`` stage: target hidden states in speculators' file format."""
 
-    backend: str = "hf"  # hf | vllm
-    dtype: str = "bfloat16"  # of the written hidden states
+    backend: ExtractBackend = ExtractBackend.hf
+    dtype: Dtype = Dtype.bfloat16  # of the written hidden states
     # Padding-aware token budget of one hf batch: rows x longest row <= batch_tokens.
     batch_tokens: int = 4096
     # Rows are sorted by length within consecutive segments of this many rows, so the
@@ -222,18 +267,17 @@ class ExtractConfig:
     world_size: int = 1
     writer_queue: int = 2  # batches computed ahead of the writer (bounds memory)
     fsync: bool = True  # fsync each file before its rename (crash safety)
-    # Existing files from another target/revision/layer set/dtype: refuse | restart
-    on_mismatch: str = "restart"
-    # Test-only fault: die (hard exit) after this many batches, mid-way through the next.
-    fail_after: int | None = None
-    vllm: ExtractVllmConfig = field(default_factory=ExtractVllmConfig)
+    # Existing files from another target/revision/layer set/dtype
+    on_mismatch: OnMismatch = OnMismatch.restart
+    # The vllm backend's server; concurrency = requests in flight from speculators' client.
+    server: ServerConfig = field(default_factory=lambda: ServerConfig(port=8000, concurrency=32))
 
 
 @dataclass
 class DraftShapeConfig:
-    """The draft's decoder shape; null = derived from the target (see draft.py's rules)."""
+    """The draft's decoder shape; null = derived from the target (see draft/shape.py)."""
 
-    layer_type: str = "llama"  # llama | qwen3 (what vLLM serves)
+    layer_type: DraftLayerType = DraftLayerType.llama
     num_layers: int = 1
     # Must be null or the target's hidden size (speculators and vLLM require it).
     hidden_size: int | None = None
@@ -254,7 +298,7 @@ class TrainConfig:
     speculative_tokens: int = 3  # TTT steps the draft is unrolled over (>= 1)
     draft_vocab_size: int = 1024
     draft: DraftShapeConfig = field(default_factory=DraftShapeConfig)
-    scheduler: str = "cosine"  # cosine | linear | none
+    scheduler: Scheduler = Scheduler.cosine
     warmup_ratio: float = 0.05
     weight_decay: float = 0.01
     grad_clip: float = 1.0  # max grad norm; 0 = off
@@ -266,10 +310,10 @@ class TrainConfig:
     val_fraction: float = 0.1  # the last rows of the prepared dataset
     checkpoint_every_steps: int = 50  # resumable state, also written at each epoch's end
     # Overrides of the hardware profile; null = chosen from hardware.device.
-    device: str | None = None  # cpu | cuda
-    dtype: str | None = None  # float32 | bfloat16 (null: hardware.train_dtype)
-    attn_implementation: str | None = None  # sdpa | eager | simple_flex_attention
-    loss_implementation: str | None = None  # eager | fused (null: fused on CUDA)
+    device: Device | None = None
+    dtype: Dtype | None = None  # null: hardware.train_dtype on CUDA, float32 on CPU
+    attn_implementation: AttnImplementation | None = None  # null: sdpa on CPU
+    loss_implementation: LossImplementation | None = None  # null: eager on CPU, fused on CUDA
     max_steps: int | None = None  # stop early (benchmarks, smoke tests)
     # Worker processes on this node. null: one per GPU of the hardware profile on CUDA, and
     # training in the stage's own process on CPU. N > 1 on CPU starts the same torchrun
@@ -278,10 +322,8 @@ class TrainConfig:
     # Data parallelism across workers: ddp | fsdp (FSDP2 fully_shard) | auto = fsdp when
     # the draft's trainable parameters reach fsdp_min_params or DDP's replicated weights,
     # gradients and AdamW state would not fit the profile's GPU memory, else ddp.
-    parallel: str = "auto"
+    parallel: Parallel = Parallel.auto
     fsdp_min_params: int = 1_000_000_000
-    # Test-only fault: exit with an error after this many optimizer steps of this run.
-    fail_after_steps: int | None = None
 
 
 @dataclass
@@ -291,16 +333,16 @@ class ValidateConfig:
     max_new_tokens: int = 64  # per held-out prompt, the same for every draft compared
     num_prompts: int | None = None  # null: every held-out prompt
     k: int | None = None  # draft tokens per step; null: the checkpoint's speculative_tokens
-    device: str | None = None  # cpu | cuda; null: hardware.device
-    dtype: str | None = None  # null: float32 on cpu, model.dtype on cuda
+    device: Device | None = None  # null: hardware.device
+    dtype: Dtype | None = None  # null: float32 on cpu, model.dtype on cuda
     # In float32 a divergence from plain greedy decoding is a bug: fail the stage.
     require_lossless: bool = True
     # Serve target + draft in vLLM, read its spec-decode counters, compare them with ours,
     # check losslessness and measure single-stream tokens/s with and without the draft.
     vllm: bool = True
-    vllm_mode: str = "offline"  # offline (vllm.LLM in a worker) | serve (vllm serve + HTTP)
-    vllm_port: int = 8011  # serve mode
-    vllm_concurrency: int = 1  # serve mode; 1 = single stream, as the speedup is defined
+    vllm_mode: VllmMode = VllmMode.offline
+    # The serve mode's server; concurrency 1 = single stream, as the speedup is defined.
+    server: ServerConfig = field(default_factory=lambda: ServerConfig(port=8011, concurrency=1))
     # |vLLM's acceptance length - ours| allowed in float32 before the stage fails
     vllm_agreement_tol: float = 0.01
 
@@ -342,23 +384,6 @@ class Config:
     vllm: VllmConfig = field(default_factory=VllmConfig)
 
 
-_CHOICES: dict[str, tuple[str, ...]] = {
-    "hardware.device": ("cpu", "cuda"),
-    "hardware.interconnect": ("none", "pcie", "nvlink"),
-    "data.source": ("builtin", "file", "hf"),
-    "data.format": ("auto", "sharegpt", "openai"),
-    "data.on_error": ("skip", "fail"),
-    "data.reasoning": ("keep", "drop"),
-    "extract.backend": ("hf", "vllm"),
-    "extract.dtype": ("bfloat16", "float16", "float32"),
-    "model.dtype": ("bfloat16", "float16", "float32"),
-    "hardware.train_dtype": ("bfloat16", "float16", "float32"),
-    "data.regenerate_backend": ("hf", "server"),
-    "extract.on_mismatch": ("refuse", "restart"),
-    "validate.vllm_mode": ("offline", "serve"),
-}
-
-
 def metrics_path(cfg: Config, stage: str) -> Path:
     """The metrics file of ``stage`` (``<metrics_dir>/<stage>.json``, as dvc.yaml names it)."""
     return Path(cfg.metrics_dir) / f"{stage}.json"
@@ -374,41 +399,41 @@ def register_schema() -> None:
 # --------------------------------------------------------------------------- validation
 
 
-def _get(cfg: Config, dotted: str) -> Any:
-    obj: Any = cfg
-    for part in dotted.split("."):
-        obj = getattr(obj, part)
-    return obj
+# Lower bounds of numeric settings: (key, minimum).
+_MINIMUMS = (
+    ("train.samples", 1),
+    ("train.speculative_tokens", 1),
+    ("data.heldout_size", 1),
+    ("data.max_seq_len", 8),
+)
 
 
-def validate(cfg: Config) -> Config:
-    """Semantic checks the type system cannot express; raise :class:`ConfigError`."""
-    for key, allowed in _CHOICES.items():
-        value = _get(cfg, key)
-        if value not in allowed:
-            raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}")
-    m = cfg.model
+def _check_model(m: ModelConfig) -> None:
     if m.tiny is None and not (m.path or m.hub_id):
         raise ConfigError("model: set model.tiny (build locally), model.path or model.hub_id")
     if m.tiny is not None and (m.path or m.hub_id):
         raise ConfigError("model: model.tiny builds a target locally; unset model.path/hub_id")
-    if m.tiny is not None and m.tiny.architecture not in ("kimi_k25", "llama"):
-        raise ConfigError(f"model.tiny.architecture={m.tiny.architecture!r} is not kimi_k25 or llama")
+    if m.tiny is not None:
+        from eagle3_pipeline.targets.families import check_tiny_architecture  # no import cycle
+
+        check_tiny_architecture(m.tiny.architecture)
     if m.aux_layer_ids is not None and len(m.aux_layer_ids) == 0:
         raise ConfigError("model.aux_layer_ids is empty: use null for the adapter's default")
+
+
+def validate(cfg: Config) -> Config:
+    """Checks across keys, and ranges the types cannot express (the choice fields are
+    Enums: OmegaConf refused a bad one already); raise :class:`ConfigError`."""
+    _check_model(cfg.model)
     hw = cfg.hardware
     if hw.device == "cuda" and hw.gpu_count < 1:
         raise ConfigError("hardware.gpu_count must be >= 1 when hardware.device is cuda")
     if hw.device == "cpu" and hw.gpu_count != 0:
         raise ConfigError("hardware.gpu_count must be 0 when hardware.device is cpu")
-    if cfg.train.samples < 1:
-        raise ConfigError(f"train.samples={cfg.train.samples} must be >= 1")
-    if cfg.train.speculative_tokens < 1:
-        raise ConfigError(f"train.speculative_tokens={cfg.train.speculative_tokens} must be >= 1")
-    if cfg.data.heldout_size < 1:
-        raise ConfigError(f"data.heldout_size={cfg.data.heldout_size} must be >= 1")
-    if cfg.data.max_seq_len < 8:
-        raise ConfigError(f"data.max_seq_len={cfg.data.max_seq_len} must be >= 8")
+    for key, minimum in _MINIMUMS:
+        value = attrgetter(key)(cfg)
+        if value < minimum:
+            raise ConfigError(f"{key}={value} must be >= {minimum}")
     if cfg.data.source in ("file", "hf") and not cfg.data.path:
         raise ConfigError(f"data.path is required when data.source={cfg.data.source}")
     return cfg
@@ -434,20 +459,29 @@ def _to_config(node: Any) -> Config:
 
 
 def _omegaconf_message(exc: BaseException) -> str:
-    """One line naming the key and the problem, from Hydra/OmegaConf's multi-line errors."""
+    """One line naming the key and the problem, from Hydra/OmegaConf's multi-line errors.
+
+    The key is kept from OmegaConf's ``full_key:`` line when no other line names it (a bad
+    value in a group file or a params file: only the ``full_key`` line says where)."""
     parts: list[str] = []
+    keys: list[str] = []
     seen: BaseException | None = exc
     while seen is not None:
         lines = [ln.strip() for ln in str(seen).strip().splitlines() if ln.strip()]
         for ln in lines:
-            if ln.startswith(("full_key:", "reference_type=", "object_type=", "To append")):
+            if ln.startswith("full_key:"):
+                keys.append(ln.removeprefix("full_key:").strip())
+                continue
+            if ln.startswith(("reference_type=", "object_type=", "To append")):
                 continue
             if ln.startswith(("Config search path", "provider=")):
                 break
             parts.append(ln.rstrip(".:"))
         seen = seen.__cause__
     text = "; ".join(dict.fromkeys(p for p in parts if p))
-    return text.replace("Available options in", "available options in").replace(";\t", ", ")
+    text = text.replace("Available options in", "available options in").replace(";\t", ", ")
+    key = next((k for k in keys if k), None)
+    return f"{key}: {text}" if key and key not in text else text
 
 
 def compose(overrides: list[str] | None = None, conf_dir: str | Path = DEFAULT_CONF_DIR) -> Any:

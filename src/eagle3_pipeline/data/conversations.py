@@ -490,8 +490,6 @@ def heldout_jsonl(records: list[dict[str, Any]]) -> str:
 def check_data_config(cfg: Config) -> None:
     """Checks of the prepare-specific keys (the shared validator knows the common ones)."""
     d = cfg.data
-    if d.regenerate_backend not in ("hf", "server"):
-        raise ConfigError(f"data.regenerate_backend={d.regenerate_backend!r} is not hf or server")
     if d.max_new_tokens < 1:
         raise ConfigError(f"data.max_new_tokens={d.max_new_tokens} must be >= 1")
     if d.generate_batch_size < 1:

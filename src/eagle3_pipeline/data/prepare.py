@@ -49,7 +49,8 @@ def regenerate_cache_dir(cfg: Config) -> Path:
 
 
 def make_backend(cfg: Config, spec: Any, model_dir: Path, tokenizer: Any, eot: list[int]) -> Any:
-    from eagle3_pipeline.data.regenerate import HFBackend, ServerBackend
+    from eagle3_pipeline.data.regenerate_hf import HFBackend
+    from eagle3_pipeline.data.regenerate_server import ServerBackend
 
     d = cfg.data
     if d.regenerate_backend == "hf":
@@ -70,7 +71,7 @@ def server_context(
     cfg: Config, spec: Any, model_dir: Path
 ) -> contextlib.AbstractContextManager[Any]:
     """``vllm serve`` for the run when ``data.server.start``; else nothing to manage."""
-    from eagle3_pipeline.data.regenerate import managed_server
+    from eagle3_pipeline.data.regenerate_server import managed_server
     from eagle3_pipeline.serving.engine import build_engine, log_file
     from eagle3_pipeline.serving.env import find_python
 

@@ -6,25 +6,13 @@ decoded and re-tokenized), reasoning block included, through its end-of-turn tok
 Turns are regenerated in order: turn k's context holds the target's own answers to turns
 < k (rendered back to text by the chat template, as a server does at inference).
 
-Backends:
+This module holds what every backend shares (requests, results, the resume cache) and the
+turn-by-turn loop; the backends generate:
 
-- ``hf``: batched greedy ``generate`` in-process (left padding, stop at end-of-turn).
-- ``server``: an OpenAI-compatible chat-completions server that returns token ids. The
-  request and response shape is the one speculators 0.9's ``regenerate-responses`` uses
-  against vLLM: ``"return_token_ids": true`` in the request, ``prompt_token_ids`` at the
-  top of the response and ``choices[0].token_ids`` for the completion (vLLM includes the
-  stop token there). We speak that protocol but do not call ``regenerate-responses``:
-  (1) it reads a dataset file or preset and writes its own JSONL, while we hold
-  normalised conversations in memory and need rows aligned with our selection;
-  (2) its ``regenerate_conversation`` ends a conversation when prompt + completion
-  exceed ``max_tokens``, i.e. it treats the per-turn generation budget as a sequence
-  budget, which would cut every multi-turn conversation after its first turn here;
-  (3) its HTTP session has no total or read timeout (``ClientTimeout(total=None,
-  sock_read=None)``), so a hung server hangs the stage; (4) importing it imports
-  speculators (~7 s), aiohttp and typer. Its retry policy is kept: transient statuses
-  (408/409/425/429/5xx), timeouts and connection errors are retried with exponential
-  backoff; other statuses fail at once. A request that still fails is counted by reason
-  and its conversation stops there -- it never becomes an empty answer.
+- ``hf`` (:mod:`~eagle3_pipeline.data.regenerate_hf`): batched greedy ``generate``
+  in-process (left padding, stop at end-of-turn).
+- ``server`` (:mod:`~eagle3_pipeline.data.regenerate_server`): an OpenAI-compatible
+  chat-completions server that returns token ids (vLLM), optionally started for the run.
 
 Resume: every generation is appended to a JSONL cache keyed by a fingerprint of the
 target and the generation settings plus a hash of the request's messages; a rerun after
@@ -34,33 +22,21 @@ only generates what is missing.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
-import subprocess
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import urlparse
 
 from eagle3_pipeline.core.config import ConfigError
 from eagle3_pipeline.data.conversations import Row, render_ids
 from eagle3_pipeline.targets.tiny import REASONING_MARKERS
-from eagle3_pipeline.serving.server import engine_server
 
 log = logging.getLogger(__name__)
-
-RETRYABLE_HTTP_STATUSES = {408, 409, 425, 429}
-SHUTDOWN_TIMEOUT_S = 30.0  # a started server: SIGTERM to SIGKILL
-
-
-class ServerUnavailable(ConnectionError):
-    """The regeneration server cannot be reached or started (the whole stage fails)."""
 
 
 @dataclass
@@ -90,226 +66,6 @@ class Backend(Protocol):
     def generate(self, requests: list[Request], on_done: Callable[[int], None]) -> list[Result]: ...
 
     def fingerprint(self) -> dict[str, Any]: ...
-
-
-# --------------------------------------------------------------------------- hf backend
-
-
-class HFBackend:
-    """Batched greedy generation with the target loaded in-process (CPU or GPU)."""
-
-    name = "hf"
-
-    def __init__(
-        self,
-        model_dir: str | Path,
-        eot_ids: list[int],
-        pad_id: int,
-        max_new_tokens: int,
-        batch_size: int,
-        device: str = "cpu",
-        dtype: str = "float32",
-        model: Any = None,
-    ) -> None:
-        from eagle3_pipeline.targets.tiny import load_target_model
-
-        self.model_dir = Path(model_dir)
-        self.eot_ids = list(eot_ids)
-        self.pad_id = pad_id
-        self.max_new_tokens = max_new_tokens
-        self.batch_size = batch_size
-        self.device = device
-        self.model = model if model is not None else load_target_model(self.model_dir, dtype)
-        self.model.to(device)
-
-    def fingerprint(self) -> dict[str, Any]:
-        files = sorted(
-            (p.name, p.stat().st_size, p.stat().st_mtime_ns)
-            for p in self.model_dir.iterdir()
-            if p.is_file()
-        )
-        return {
-            "backend": self.name,
-            "model_files": files,
-            "max_new_tokens": self.max_new_tokens,
-            "eot": self.eot_ids,
-            "device": self.device,
-            "dtype": str(next(self.model.parameters()).dtype),
-        }
-
-    def generate(self, requests: list[Request], on_done: Callable[[int], None]) -> list[Result]:
-        import torch
-
-        results: list[Result | None] = [None] * len(requests)
-        order = sorted(range(len(requests)), key=lambda i: len(requests[i].prompt_ids))
-        for start in range(0, len(order), self.batch_size):
-            batch = order[start : start + self.batch_size]
-            prompts = [requests[i].prompt_ids for i in batch]
-            width = max(len(p) for p in prompts)
-            ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
-            mask = torch.zeros_like(ids)
-            for k, p in enumerate(prompts):  # left padding: every prompt ends at `width`
-                ids[k, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-                mask[k, width - len(p) :] = 1
-            with torch.no_grad():
-                out = self.model.generate(
-                    input_ids=ids.to(self.device),
-                    attention_mask=mask.to(self.device),
-                    max_new_tokens=self.max_new_tokens,
-                    do_sample=False,
-                    eos_token_id=self.eot_ids,
-                    pad_token_id=self.pad_id,
-                )
-            for k, i in enumerate(batch):
-                gen = out[k, width:].tolist()
-                end = next((n for n, t in enumerate(gen) if t in self.eot_ids), None)
-                results[i] = Generation(list(prompts[k]), gen if end is None else gen[: end + 1])
-            on_done(len(batch))
-        return [r for r in results if r is not None]
-
-
-# --------------------------------------------------------------------------- server backend
-
-
-class ServerBackend:
-    """Chat completions against an OpenAI-compatible server that returns token ids."""
-
-    name = "server"
-
-    def __init__(
-        self,
-        base_url: str,
-        max_new_tokens: int,
-        model: str | None = None,
-        concurrency: int = 8,
-        timeout_s: float = 300.0,
-        retries: int = 3,
-        temperature: float = 0.0,
-        backoff_s: float = 1.0,
-    ) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.max_new_tokens = max_new_tokens
-        self.concurrency = concurrency
-        self.timeout_s = timeout_s
-        self.retries = retries
-        self.temperature = temperature
-        self.backoff_s = backoff_s
-        self._client: Any = None
-        self.model = model or self.detect_model()
-
-    @property
-    def client(self) -> Any:
-        """The ``openai`` client (retries are ours: each failure kind is counted)."""
-        if self._client is None:
-            from openai import OpenAI
-
-            self._client = OpenAI(base_url=self.base_url, api_key="EMPTY",
-                                  timeout=self.timeout_s, max_retries=0)
-        return self._client
-
-    def detect_model(self) -> str:
-        url = f"{self.base_url}/models"
-        try:
-            return str(self.client.with_options(timeout=min(self.timeout_s, 30.0))
-                       .models.list().data[0].id)
-        except Exception as exc:  # openai's errors, an empty list, a non-JSON answer
-            raise ServerUnavailable(
-                f"data.server.base_url={self.base_url}: cannot list models at {url} "
-                f"({type(exc).__name__}: {exc}); is the server up? (or set data.server.model)"
-            ) from None
-
-    def fingerprint(self) -> dict[str, Any]:
-        return {
-            "backend": self.name,
-            "base_url": self.base_url,
-            "model": self.model,
-            "max_new_tokens": self.max_new_tokens,
-            "temperature": self.temperature,
-        }
-
-    def _complete(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
-        resp = self.client.chat.completions.create(
-            model=self.model, messages=messages, max_tokens=self.max_new_tokens,
-            temperature=self.temperature,
-            # vLLM: prompt_token_ids + choices[].token_ids
-            extra_body={"return_token_ids": True, "skip_special_tokens": False},
-        )
-        return resp.model_dump()
-
-    def request(self, messages: list[dict[str, Any]]) -> Result:
-        import openai
-
-        failure = Failure("unknown", "no attempt made")
-        for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(min(self.backoff_s * 2 ** (attempt - 1), 30.0))
-            try:
-                data = self._complete(messages)
-            except openai.APIStatusError as exc:
-                code = exc.status_code
-                failure = Failure(f"http_{code}", f"HTTP {code}: {str(exc)[:300]}")
-                if code < 500 and code not in RETRYABLE_HTTP_STATUSES:
-                    return failure
-                continue
-            except openai.APITimeoutError:
-                failure = Failure("timeout", f"no answer within {self.timeout_s} s")
-                continue
-            except openai.APIConnectionError as exc:
-                failure = Failure("connection", f"{type(exc).__name__}: {exc.__cause__ or exc}")
-                continue
-            except (openai.APIResponseValidationError, ValueError) as exc:
-                failure = Failure("bad_response", f"not a chat completion: {exc}")
-                continue
-            return parse_completion(data)
-        return failure
-
-    def generate(self, requests: list[Request], on_done: Callable[[int], None]) -> list[Result]:
-        def one(r: Request) -> Result:
-            try:
-                return self.request(r.messages)
-            finally:
-                on_done(1)
-
-        with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
-            return list(pool.map(one, requests))
-
-
-def parse_completion(data: Any) -> Result:
-    """A chat-completion response -> the prompt and completion token ids, or why not."""
-    try:
-        prompt = data["prompt_token_ids"]
-        tokens = data["choices"][0]["token_ids"]
-    except (KeyError, IndexError, TypeError):
-        return Failure(
-            "no_token_ids",
-            "the response carries no prompt_token_ids / choices[0].token_ids: the server "
-            "must support return_token_ids (vLLM does)",
-        )
-    if not prompt or not tokens or not all(isinstance(t, int) for t in [*prompt, *tokens]):
-        return Failure("no_token_ids", "empty or non-integer token ids in the response")
-    return Generation(list(prompt), list(tokens))
-
-
-# --------------------------------------------------------------------------- vllm serve
-
-
-@contextlib.contextmanager
-def managed_server(
-    engine: Any, python: str | Path, base_url: str, startup_timeout_s: float,
-    shutdown_timeout_s: float, log_path: Path,
-) -> Iterator[subprocess.Popen[bytes]]:
-    """Serve ``engine`` (an :class:`~eagle3_pipeline.serving.engine.Engine`) with the vLLM
-    environment's ``python`` at ``base_url``'s port, wait until ``base_url/models``
-    answers, and ALWAYS stop it (its whole process group: vLLM forks workers) when the
-    block exits. Failing to start raises ``ServerUnavailable``, which the stage reports."""
-    url = urlparse(base_url)
-    server = engine_server(
-        engine, python, url.port or 8000, log_path, startup_timeout_s, shutdown_timeout_s,
-        health_path=url.path.rstrip("/") + "/models", error=ServerUnavailable,
-    )
-    with server:
-        assert server.proc is not None
-        yield server.proc
 
 
 # --------------------------------------------------------------------------- cache
@@ -450,6 +206,84 @@ class RegenStats:
         }
 
 
+class _Rounds:
+    """The state of one regeneration: each conversation's history so far, its rows, and
+    which conversations still have a turn to generate. One round = one turn of each."""
+
+    def __init__(self, convs: list[dict[str, Any]], backend: Backend, tokenizer: Any,
+                 eot_ids: list[int], max_seq_len: int, think: Reasoning,
+                 cache: GenerationCache, progress: bool) -> None:
+        from tqdm import tqdm
+
+        self.convs, self.backend, self.tokenizer = convs, backend, tokenizer
+        self.eot_ids, self.max_seq_len, self.think, self.cache = eot_ids, max_seq_len, think, cache
+        self.stats = RegenStats()
+        self.plans = [plan_turns(c["messages"]) for c in convs]
+        self.history = [list(lead) for lead, _ in self.plans]
+        self.rows: list[list[Row]] = [[] for _ in convs]
+        self.bar = tqdm(
+            total=sum(len(s) for _, s in self.plans), desc=f"regenerate ({backend.name})",
+            unit="turn", disable=not progress, mininterval=1.0,
+        )  # fmt: skip
+
+    def first(self) -> list[int]:
+        return [i for i, (_, segs) in enumerate(self.plans) if segs]
+
+    def requests(self, rnd: int, active: list[int]) -> tuple[list[tuple[int, Request]],
+                                                             dict[int, Result]]:
+        """Turn ``rnd`` of each active conversation: answered from the cache, dropped when
+        its context already fills ``max_seq_len`` (nothing left to supervise), or a request."""
+        pending: list[tuple[int, Request]] = []
+        results: dict[int, Result] = {}
+        for i in active:
+            msgs = self.history[i] + self.plans[i][1][rnd]
+            self.history[i] = msgs
+            hit = self.cache.get(msgs)
+            if hit is not None:
+                results[i] = hit
+                self.stats.cached += 1
+                self.bar.update(1)
+                continue
+            prompt = render_ids(self.tokenizer, msgs, generation_prompt=True)
+            if len(prompt) >= self.max_seq_len:
+                left = len(self.plans[i][1]) - rnd
+                self.stats.dropped["no_supervised_tokens"] += left
+                self.bar.update(left)
+                continue
+            pending.append((i, Request(msgs, prompt)))
+        return pending, results
+
+    def generate(self, pending: list[tuple[int, Request]], results: dict[int, Result]) -> None:
+        out = self.backend.generate([r for _, r in pending], self.bar.update)
+        self.stats.requests += len(pending)
+        for (i, req), res in zip(pending, out, strict=True):
+            results[i] = res
+            if isinstance(res, Generation):
+                self.cache.put(req.messages, res)
+                self.stats.prompt_mismatch += res.prompt_ids != req.prompt_ids
+
+    def advance(self, rnd: int, results: dict[int, Result]) -> list[int]:
+        """Record turn ``rnd``'s answers; return the conversations with a next turn (a
+        failed request stops its conversation, earlier turns keep their rows)."""
+        nxt = []
+        for i, res in sorted(results.items()):
+            if isinstance(res, Failure):
+                self.stats.errors[f"regenerate_{res.reason}"] += 1
+                log.warning("%s turn %d: generation failed: %s", self.convs[i]["id"], rnd,
+                            res.message)
+                continue
+            self.stats.generated_tokens += len(res.token_ids)
+            self.stats.unfinished_turns += not (res.token_ids
+                                                and res.token_ids[-1] in self.eot_ids)
+            self.rows[i].append(
+                Row(self.convs[i]["id"], rnd, res.prompt_ids, self.think.supervised(res.token_ids))
+            )
+            self.history[i] = self.history[i] + [self.think.message(res.token_ids, self.eot_ids)]
+            if rnd + 1 < len(self.plans[i][1]):
+                nxt.append(i)
+        return nxt
+
+
 def regenerate_rows(
     convs: list[dict[str, Any]],
     backend: Backend,
@@ -466,63 +300,18 @@ def regenerate_rows(
     A failed request stops its conversation (earlier turns keep their rows); a context
     that already fills ``max_seq_len`` stops it too (nothing left to supervise).
     """
-    from tqdm import tqdm
-
     cache = cache or GenerationCache(None)
     think = Reasoning(tokenizer, reasoning)
-    stats = RegenStats()
     t0 = time.perf_counter()
-    plans = [plan_turns(c["messages"]) for c in convs]
-    history = [list(lead) for lead, _ in plans]
-    rows: list[list[Row]] = [[] for _ in convs]
-    active = [i for i, (_, segs) in enumerate(plans) if segs]
-    bar = tqdm(
-        total=sum(len(s) for _, s in plans), desc=f"regenerate ({backend.name})",
-        unit="turn", disable=not progress, mininterval=1.0,
-    )  # fmt: skip
+    state = _Rounds(convs, backend, tokenizer, eot_ids, max_seq_len, think, cache, progress)
+    active = state.first()
     rnd = 0
     while active:
-        pending: list[tuple[int, Request]] = []
-        results: dict[int, Result] = {}
-        for i in active:
-            msgs = history[i] + plans[i][1][rnd]
-            history[i] = msgs
-            hit = cache.get(msgs)
-            if hit is not None:
-                results[i] = hit
-                stats.cached += 1
-                bar.update(1)
-                continue
-            prompt = render_ids(tokenizer, msgs, generation_prompt=True)
-            if len(prompt) >= max_seq_len:
-                stats.dropped["no_supervised_tokens"] += len(plans[i][1]) - rnd
-                bar.update(len(plans[i][1]) - rnd)
-                continue
-            pending.append((i, Request(msgs, prompt)))
+        pending, results = state.requests(rnd, active)
         if pending:
-            out = backend.generate([r for _, r in pending], bar.update)
-            stats.requests += len(pending)
-            for (i, req), res in zip(pending, out, strict=True):
-                results[i] = res
-                if isinstance(res, Generation):
-                    cache.put(req.messages, res)
-                    stats.prompt_mismatch += res.prompt_ids != req.prompt_ids
-        nxt = []
-        for i, res in sorted(results.items()):
-            if isinstance(res, Failure):
-                stats.errors[f"regenerate_{res.reason}"] += 1
-                log.warning("%s turn %d: generation failed: %s", convs[i]["id"], rnd, res.message)
-                continue
-            stats.generated_tokens += len(res.token_ids)
-            stats.unfinished_turns += not (res.token_ids and res.token_ids[-1] in eot_ids)
-            rows[i].append(
-                Row(convs[i]["id"], rnd, res.prompt_ids, think.supervised(res.token_ids))
-            )
-            history[i] = history[i] + [think.message(res.token_ids, eot_ids)]
-            if rnd + 1 < len(plans[i][1]):
-                nxt.append(i)
-        active = nxt
+            state.generate(pending, results)
+        active = state.advance(rnd, results)
         rnd += 1
-    bar.close()
-    stats.wall_s = time.perf_counter() - t0
-    return [r for conv_rows in rows for r in conv_rows], stats
+    state.bar.close()
+    state.stats.wall_s = time.perf_counter() - t0
+    return [r for conv_rows in state.rows for r in conv_rows], state.stats

@@ -24,9 +24,11 @@ from typing import Any
 
 from eagle3_pipeline.core.config import ConfigError, DraftShapeConfig, TrainConfig
 from eagle3_pipeline.targets.adapter import TargetSpec
+from eagle3_pipeline.targets.families import reasoning_markers
 
 VLLM_DRAFT_LAYER_TYPES = ("llama", "qwen3")
-REASONING_MARKER_CANDIDATES = ("<think>", "</think>")
+# Every registered family's reasoning markers; those in a target's vocabulary are kept.
+REASONING_MARKER_CANDIDATES = reasoning_markers()
 
 
 @dataclass(frozen=True)

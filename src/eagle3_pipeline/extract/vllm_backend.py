@@ -27,19 +27,18 @@ from typing import Any
 
 from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.core.errors import StageError
-from eagle3_pipeline.extract.hidden_states import (
+from eagle3_pipeline.extract.extraction import (
     Extraction,
-    Rows,
-    Timings,
-    _cleanup_if_empty,
     begin,
     bytes_needed,
     check_disk,
-    hs_path,
+    cleanup_if_empty,
     peak_rss_bytes,
-    save_hidden_states,
-    write_manifest,
 )
+from eagle3_pipeline.extract.layout import hs_path
+from eagle3_pipeline.extract.manifest import write_manifest
+from eagle3_pipeline.extract.rows import Rows
+from eagle3_pipeline.extract.writer import Timings, save_hidden_states
 from eagle3_pipeline.serving.engine import build_engine, log_file
 from eagle3_pipeline.serving.env import find_python
 from eagle3_pipeline.serving.server import child_process, engine_server
@@ -61,11 +60,11 @@ def client_command(cfg: Config, spec: TargetSpec, prepared: Path, out: Path) -> 
     e = cfg.extract
     return [
         sys.executable, "-m", "speculators", "generate-offline-data",
-        "--endpoint", f"http://127.0.0.1:{e.vllm.port}/v1",
+        "--endpoint", f"http://127.0.0.1:{e.server.port}/v1",
         "--model", spec.name,
         "--preprocessed-data", str(prepared),
         "--output", str(out),
-        "--concurrency", str(e.vllm.concurrency),
+        "--concurrency", str(e.server.concurrency),
         "--validate-outputs",
         "--fail-on-error",
         "--world-size", str(e.world_size),
@@ -144,7 +143,7 @@ def extract_vllm(cfg: Config) -> dict[str, Any]:
             staging.mkdir(exist_ok=True)
             engine = build_engine(cfg, spec, ex.model_dir, "extract", staging=staging)
             server = engine_server(
-                engine, find_python(cfg.vllm.python), cfg.extract.vllm.port,
+                engine, find_python(cfg.vllm.python), cfg.extract.server.port,
                 log_file(cfg, "extract"), cfg.vllm.startup_timeout_s,
                 cfg.vllm.shutdown_timeout_s,
             )
@@ -162,7 +161,7 @@ def extract_vllm(cfg: Config) -> dict[str, Any]:
         with contextlib.suppress(OSError):
             staging.rmdir()
     except BaseException:
-        _cleanup_if_empty(ex, wrote_manifest)
+        cleanup_if_empty(ex, wrote_manifest)
         raise
     tokens = sum(rows.lengths[i] for i in todo)
     written = sum(hs_path(out, i).stat().st_size for i in todo)

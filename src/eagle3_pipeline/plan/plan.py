@@ -9,7 +9,7 @@ GPU, time estimates (assumed or measured), and the commands each stage would run
 Why it exists: a Kimi-K2.5 run costs hours of an 8-GPU machine and ~56 KiB of disk per
 token of hidden states; finding out at hour two that the disk is full is the expensive way.
 It must run in seconds on a laptop, so it imports neither torch, transformers nor
-speculators (everything comes from :mod:`eagle3_pipeline.plan.resources`).
+speculators (everything comes from the other modules of :mod:`eagle3_pipeline.plan`).
 """
 
 from __future__ import annotations
@@ -25,25 +25,21 @@ from eagle3_pipeline.core.config import Config, ConfigError, load_config, stage_
 from eagle3_pipeline.core.io import atomic_write_json
 from eagle3_pipeline.plan.resources import (
     FreeBytesFn,
-    TargetInfo,
     disk_need,
     estimate_draft,
-    estimate_serving,
     estimate_storage,
-    estimate_target_weights,
     estimate_time,
-    fmt_duration,
-    fmt_gb,
-    fmt_gib,
     free_bytes,
     host_memory_bytes,
-    load_target,
 )
+from eagle3_pipeline.plan.target_info import TargetInfo, load_target
+from eagle3_pipeline.plan.units import fmt_duration, fmt_gb, fmt_gib
+from eagle3_pipeline.plan.weights import estimate_serving, estimate_target_weights
 from eagle3_pipeline.serving.engine import build_engine
 
-# The train stage and the torchrun workers it launches (eagle3_pipeline.train.trainer).
+# The train stage and the torchrun workers it launches (eagle3_pipeline.train.worker).
 TRAIN_STAGE = "eagle3_pipeline.stages.train"
-TRAIN_WORKER = "eagle3_pipeline.train.trainer"
+TRAIN_WORKER = "eagle3_pipeline.train.worker"
 MASTER_PORT = 29500
 
 
@@ -77,9 +73,9 @@ def _line(parts: list[str]) -> str:
 
 
 def commands(cfg: Config, target: TargetInfo, overrides: list[str]) -> dict[str, Any]:
-    """The exact command lines for this profile (DESIGN.md section 4 for the vLLM ones)."""
+    """The exact command lines for this profile."""
     from eagle3_pipeline.extract.vllm_backend import STAGING
-    from eagle3_pipeline.train.trainer import TrainPaths  # paths only; no torch at import time
+    from eagle3_pipeline.train.plan import TrainPaths  # paths only; no torch at import time
 
     paths = TrainPaths.from_config(cfg)
     ref = _target_ref(cfg)
@@ -91,7 +87,7 @@ def commands(cfg: Config, target: TargetInfo, overrides: list[str]) -> dict[str,
     if cuda or cfg.extract.backend == "vllm":
         engine = build_engine(cfg, target.spec, ref, "extract",
                               staging=Path(cfg.paths.hidden_states) / STAGING)
-        out["extract_server"] = engine.shell(cfg.extract.vllm.port)
+        out["extract_server"] = engine.shell(cfg.extract.server.port)
     else:
         out["extract"] = "python -m eagle3_pipeline.stages.extract --params params.yaml"
     hw = cfg.hardware
@@ -126,7 +122,7 @@ def commands(cfg: Config, target: TargetInfo, overrides: list[str]) -> dict[str,
         out["train"] = [f"python -m {TRAIN_STAGE} --params params.yaml"]
     out["serve_draft"] = build_engine(
         cfg, target.spec, ref, "validate", draft_dir=draft_dir, k=cfg.train.speculative_tokens
-    ).shell(cfg.validate.vllm_port)
+    ).shell(cfg.validate.server.port)
     base = (cfg.model.hub_id or cfg.model.name).split("/")[-1]
     repo = f"YOUR_ORG/{base}-EAGLE3"  # placeholder: the account you publish under
     msg = _q(f"EAGLE-3 draft for {cfg.model.hub_id or cfg.model.name}")

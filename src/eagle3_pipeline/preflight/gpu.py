@@ -287,18 +287,24 @@ def cuda_order(gpus: list[GpuInfo], device_order: str | None) -> list[GpuInfo]:
     return sorted(by_pci, key=lambda g: (-g.cc, -g.memory_total_mib))
 
 
+def _match_mig(token: str, gpus: list[GpuInfo]) -> tuple[GpuInfo, str | None]:
+    """Resolve a ``MIG-...`` entry, the legacy ``MIG-GPU-<uuid>/<gi>/<ci>`` spelling too."""
+    t = token.lower()
+    hits = [(g, u) for g in gpus for u in g.mig_uuids if u.lower().startswith(t)]
+    if not hits and t.startswith("mig-gpu-"):
+        parent = t.removeprefix("mig-").split("/")[0]
+        hits = [(g, token) for g in gpus if g.uuid.lower().startswith(parent)]
+    if len(hits) == 1:
+        return hits[0]
+    what = "matches no MIG device" if not hits else "is ambiguous"
+    raise GpuError(f"CUDA_VISIBLE_DEVICES entry {token!r} {what}")
+
+
 def _match_uuid(token: str, gpus: list[GpuInfo]) -> tuple[GpuInfo, str | None]:
     """Resolve a ``GPU-...`` / ``MIG-...`` entry (a unique prefix is enough, as in CUDA)."""
     t = token.lower()
     if t.startswith("mig-"):
-        hits = [(g, u) for g in gpus for u in g.mig_uuids if u.lower().startswith(t)]
-        if not hits and t.startswith("mig-gpu-"):  # legacy MIG-GPU-<uuid>/<gi>/<ci>
-            parent = t.removeprefix("mig-").split("/")[0]
-            hits = [(g, token) for g in gpus if g.uuid.lower().startswith(parent)]
-        if len(hits) == 1:
-            return hits[0]
-        what = "matches no MIG device" if not hits else "is ambiguous"
-        raise GpuError(f"CUDA_VISIBLE_DEVICES entry {token!r} {what}")
+        return _match_mig(token, gpus)
     if not t.startswith("gpu-"):
         t = "gpu-" + t
     hits_g = [g for g in gpus if g.uuid.lower().startswith(t)]
@@ -400,6 +406,14 @@ def snapshot(
             own.close()
 
 
+def _who(procs: list[dict[str, Any]]) -> str:
+    return ", ".join(
+        f"pid {p['pid']} ({p.get('name') or 'name unknown'})"
+        + (f" {p['used_mib']:,} MiB" if p.get("used_mib") is not None else "")
+        for p in procs
+    )
+
+
 def compare_snapshots(
     before: Mapping[str, Any], after: Mapping[str, Any], tolerance_mib: int = 256
 ) -> list[str]:
@@ -417,11 +431,7 @@ def compare_snapshots(
         grown = g["memory_used_mib"] - base
         if grown <= tolerance_mib and not new:
             continue
-        who = ", ".join(
-            f"pid {p['pid']} ({p.get('name') or 'name unknown'})"
-            + (f" {p['used_mib']:,} MiB" if p.get("used_mib") is not None else "")
-            for p in new
-        )
+        who = _who(new)
         line = (
             f"GPU {g['cuda_index']}: {g['memory_used_mib']:,} MiB in use, {base:,} MiB at preflight"
         )

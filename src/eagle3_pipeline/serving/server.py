@@ -1,8 +1,8 @@
 """A ``vllm serve`` process that never outlives the stage that started it.
 
 Three stages start one: prepare (on-policy regeneration, ``regenerate.py``), extract
-(hidden states, ``vllm_extract.py``) and validate (vLLM's acceptance counters,
-``vllm_validate.py``). A server left behind keeps its GPU memory, and the next run then
+(hidden states, ``extract/vllm_backend.py``) and validate (vLLM's acceptance counters,
+``validate/vllm.py``). A server left behind keeps its GPU memory, and the next run then
 fails on the same GPUs far from the cause, so the lifecycle lives here once:
 
 - The server runs in its own session, so in its own process group: vLLM's engine core and
@@ -10,7 +10,8 @@ fails on the same GPUs far from the cause, so the lifecycle lives here once:
   them all. (A Ctrl-C at the terminal therefore reaches only the stage, which then stops
   the server itself, in order.)
 - Shutdown is SIGTERM to the group, a bounded wait, SIGKILL; then SIGKILL to the group
-  once more even when the leader has exited, for workers that outlived it.
+  once more even when the leader has exited, for workers that outlived it
+  (:mod:`eagle3_pipeline.core.processes`, shared with the train stage's torchrun).
 - It happens on normal exit, on an error, on Ctrl-C and on SIGTERM (DVC or a scheduler
   stopping the stage): while a server runs, SIGTERM raises in the main thread so the
   ``with`` block unwinds instead of the process dying with the group still running.
@@ -33,11 +34,11 @@ from types import FrameType
 from typing import Any
 
 from eagle3_pipeline.core.errors import StageError
+from eagle3_pipeline.core.processes import process_group, start_group, stop_group
 
 log = logging.getLogger(__name__)
 
 POLL_S = 1.0  # between health checks
-KILL_WAIT_S = 30.0  # after SIGKILL; only a process stuck in the kernel (a wedged driver) waits
 TAIL_BYTES = 64 * 1024  # of the log read for the tail in an error message
 
 
@@ -47,29 +48,6 @@ class _Interrupted(Exception):
 
 def _raise_on_sigterm(signum: int, _frame: FrameType | None) -> None:
     raise _Interrupted(f"signal {signum}")
-
-
-def _kill_group(proc: subprocess.Popen[bytes], sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)
-
-
-def _stop_group(proc: subprocess.Popen[bytes], timeout_s: float, what: str) -> None:
-    """SIGTERM the group, wait ``timeout_s``, SIGKILL it; then SIGKILL the group again for
-    stray workers, even if the leader exited."""
-    if proc.poll() is None:
-        _kill_group(proc, signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            log.warning("%s ignored SIGTERM for %.0fs: killing", what, timeout_s)
-            _kill_group(proc, signal.SIGKILL)
-            try:
-                proc.wait(timeout=KILL_WAIT_S)
-            except subprocess.TimeoutExpired:
-                log.warning("%s (pid %d) still there %.0fs after SIGKILL", what, proc.pid,
-                            KILL_WAIT_S)
-    _kill_group(proc, signal.SIGKILL)
 
 
 class VllmServer:
@@ -119,10 +97,8 @@ class VllmServer:
         try:
             with open(self.log_file, "ab") as logfh:
                 self._log_start = os.fstat(logfh.fileno()).st_size
-                self.proc = subprocess.Popen(
-                    self.cmd, stdout=logfh, stderr=subprocess.STDOUT, start_new_session=True,
-                    env=self.env,
-                )
+                self.proc = start_group(self.cmd, stdout=logfh, stderr=subprocess.STDOUT,
+                                        env=self.env)
             self.wait_healthy()
         except BaseException:
             self.shutdown()
@@ -169,7 +145,7 @@ class VllmServer:
         proc, self.proc = self.proc, None
         try:
             if proc is not None:
-                _stop_group(proc, self.shutdown_timeout_s, "vllm serve")
+                stop_group(proc, self.shutdown_timeout_s, "vllm serve")
         finally:
             if self._sigterm_installed:
                 old = self._old_sigterm  # None: set outside Python; the default is closest
@@ -223,8 +199,5 @@ def child_process(
     """A child process (in its own process group) that is terminated if we leave early
     (error or Ctrl-C), e.g. a client that would keep sending requests to a server being
     shut down."""
-    proc = subprocess.Popen(list(cmd), start_new_session=True)
-    try:
+    with process_group(cmd, stop_timeout_s, " ".join(map(str, cmd[:4]))) as proc:
         yield proc
-    finally:
-        _stop_group(proc, stop_timeout_s, " ".join(map(str, cmd[:4])))

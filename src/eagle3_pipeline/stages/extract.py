@@ -19,7 +19,7 @@ def run(cfg: Config) -> None:
 
         metrics = extract_vllm(cfg)
     else:
-        from eagle3_pipeline.extract.hidden_states import extract_hf
+        from eagle3_pipeline.extract.hf_backend import extract_hf
 
         metrics = extract_hf(cfg)
     name = "extract" if cfg.extract.world_size == 1 else f"extract.rank{cfg.extract.rank}"

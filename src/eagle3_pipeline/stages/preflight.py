@@ -12,15 +12,15 @@ import logging
 
 from eagle3_pipeline.core.config import Config, metrics_path
 from eagle3_pipeline.core.errors import StageError
-from eagle3_pipeline.preflight.checks import render, run_preflight, write_outputs
+from eagle3_pipeline.preflight.result import render
+from eagle3_pipeline.preflight.run import check_machine
 from eagle3_pipeline.stages.runner import run_stage
 
 log = logging.getLogger(__name__)
 
 
 def run(cfg: Config) -> None:
-    result = run_preflight(cfg)
-    write_outputs(cfg, result, metrics_path(cfg, "preflight"))
+    result = check_machine(cfg, metrics_path(cfg, "preflight"))
     print(render(result), flush=True)
     if result.passed:
         return

@@ -12,7 +12,7 @@ from eagle3_pipeline.core.errors import StageError
 from eagle3_pipeline.core.io import atomic_write_json, remove_path
 from eagle3_pipeline.data.conversations import StageInputError
 from eagle3_pipeline.data.prepare import heldout_path, prepare, prepared_dir
-from eagle3_pipeline.data.regenerate import ServerUnavailable
+from eagle3_pipeline.data.regenerate_server import ServerUnavailable
 from eagle3_pipeline.stages.runner import run_stage
 
 log = logging.getLogger(__name__)

@@ -9,19 +9,9 @@ from collections.abc import Callable
 
 from eagle3_pipeline.core.config import Config, config_from_cli
 from eagle3_pipeline.core.errors import ConfigError, StageError
+from eagle3_pipeline.core.logs import setup_logging
 
 log = logging.getLogger("eagle3_pipeline")
-
-
-def setup_logging(verbose: bool = False) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-        stream=sys.stderr,
-    )
-    for noisy in ("httpx", "urllib3", "datasets", "filelock", "fsspec"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def run_stage(

@@ -4,8 +4,10 @@ Real targets differ in ways that break naive code silently: Kimi-K2.5 nests its
 DeepSeek-V3 text model under ``text_config`` and stores weights under
 ``language_model.``; transformers and vLLM register different architecture names for it;
 MLA attention has no plain ``head_dim``; vLLM's default aux layers ``(2, L//2, L-3)`` are
-invalid for small models. Each quirk is an ordered candidate list below, not an
-``if kimi`` branch elsewhere, so a new family is a new candidate, not a new code path.
+invalid for small models. Each quirk is a field of the target's family
+(:mod:`eagle3_pipeline.targets.families`), not an ``if kimi`` branch here, so a new
+family is a new module there, not a new code path; a config no family claims is read
+with every spelling transformers checkpoints use.
 
 This module reads only JSON (config, weight index, safetensors headers, tokenizer
 config): it never loads weights, so it works on a config-only replica of a 1T target.
@@ -15,68 +17,23 @@ from __future__ import annotations
 
 import json
 import re
-import struct
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.core.config import ConfigError, ModelConfig
-
-# Where a nested (multimodal) config keeps its language model, in order of preference.
-TEXT_CONFIG_KEYS = ("text_config", "language_config", "llm_config", "thinker_config")
-
-# Weight-name candidates, most specific first: the first one present in the checkpoint wins.
-EMBED_CANDIDATES = (
-    "language_model.model.embed_tokens.weight",
-    "model.language_model.embed_tokens.weight",
-    "language_model.embed_tokens.weight",
-    "model.embed_tokens.weight",
-    "embed_tokens.weight",
-    "transformer.wte.weight",
+from eagle3_pipeline.core.safetensors import read_header
+from eagle3_pipeline.targets.families import (
+    GENERIC,
+    Family,
+    family_for_config,
+    vllm_eagle3_targets,
 )
-LM_HEAD_CANDIDATES = (
-    "language_model.lm_head.weight",
-    "lm_head.weight",
-    "model.lm_head.weight",
-)
-NORM_CANDIDATES = (
-    "language_model.model.norm.weight",
-    "model.language_model.norm.weight",
-    "language_model.norm.weight",
-    "model.norm.weight",
-    "norm.weight",
-    "transformer.ln_f.weight",
-)
-LAYER_PATTERNS = (
-    r"^language_model\.model\.layers\.(\d+)\.",
-    r"^model\.language_model\.layers\.(\d+)\.",
-    r"^model\.layers\.(\d+)\.",
-)
-
-# transformers class name -> the name vLLM registers (where they differ).
-VLLM_ARCHITECTURE_NAMES = {
-    "Kimi_K25ForConditionalGeneration": "KimiK25ForConditionalGeneration",
-}
 
 # Target architectures whose vLLM implementation exposes the EAGLE-3 aux-hidden-state
 # interface (vLLM 0.33, read from its model registry / SupportsEagle3 implementers).
-VLLM_EAGLE3_TARGETS = frozenset(
-    {
-        "LlamaForCausalLM",
-        "Qwen2ForCausalLM",
-        "Qwen3ForCausalLM",
-        "Qwen3MoeForCausalLM",
-        "DeepseekV2ForCausalLM",
-        "DeepseekV3ForCausalLM",
-        "KimiK25ForConditionalGeneration",
-        "GptOssForCausalLM",
-        "MiniCPMForCausalLM",
-        "Llama4ForConditionalGeneration",
-        "Qwen2_5_VLForConditionalGeneration",
-        "Qwen3VLForConditionalGeneration",
-    }
-)
+VLLM_EAGLE3_TARGETS = vllm_eagle3_targets()
 
 
 @dataclass
@@ -147,7 +104,7 @@ def read_json(path: Path, what: str) -> dict[str, Any]:
 
 def split_text_config(config: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
     """Return (key, text config) for nested configs, (None, config) for flat ones."""
-    for key in TEXT_CONFIG_KEYS:
+    for key in family_for_config(config).text_config_keys:
         sub = config.get(key)
         if isinstance(sub, dict) and ("hidden_size" in sub or "num_hidden_layers" in sub):
             return key, sub
@@ -161,25 +118,13 @@ def _first(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:
     return default
 
 
-def default_aux_layer_ids(num_layers: int) -> list[int]:
-    """vLLM's default ``(2, L//2, L-3)`` when it names 3 distinct valid layers, else 3
-    layers spread over ``[1, L-1]`` (vLLM's default collapses for small targets)."""
-    vllm_default = [2, num_layers // 2, num_layers - 3]
-    if all(0 < k < num_layers for k in vllm_default) and len(set(vllm_default)) == 3 and (
-        vllm_default == sorted(vllm_default)
-    ):
-        return vllm_default
-    if num_layers < 2:
-        raise ConfigError(f"target has {num_layers} layer(s): EAGLE-3 needs at least 2")
-    hi = num_layers - 1
-    ids = sorted({round(1 + i * (hi - 1) / 2) for i in range(3)})
-    return ids
-
-
-def resolve_aux_layer_ids(num_layers: int, requested: list[int] | None) -> tuple[list[int], str]:
-    """Validate the configured aux ids (id k = residual stream entering layer k)."""
+def resolve_aux_layer_ids(
+    num_layers: int, requested: list[int] | None, family: Family = GENERIC
+) -> tuple[list[int], str]:
+    """Validate the configured aux ids (id k = residual stream entering layer k); none
+    configured: the family's default."""
     if requested is None:
-        return default_aux_layer_ids(num_layers), "adapter default"
+        return family.default_aux_layer_ids(num_layers), "adapter default"
     ids = [int(k) for k in requested]
     bad = [k for k in ids if not 0 <= k < num_layers]
     if bad:
@@ -195,20 +140,6 @@ def resolve_aux_layer_ids(num_layers: int, requested: list[int] | None) -> tuple
 # --------------------------------------------------------------------------- weights
 
 
-def read_safetensors_header(path: Path) -> dict[str, Any]:
-    """The JSON header of a safetensors file (tensor names, dtypes, shapes) -- no data."""
-    with open(path, "rb") as fh:
-        raw = fh.read(8)
-        if len(raw) != 8:
-            raise ConfigError(f"{path}: not a safetensors file (too short)")
-        (n,) = struct.unpack("<Q", raw)
-        if n > 100_000_000:
-            raise ConfigError(f"{path}: not a safetensors file (header size {n})")
-        header = json.loads(fh.read(n))
-    header.pop("__metadata__", None)
-    return header
-
-
 def read_weight_names(model_dir: Path) -> list[str]:
     """Tensor names from the weight index, or from the headers of single files."""
     index = model_dir / "model.safetensors.index.json"
@@ -218,37 +149,44 @@ def read_weight_names(model_dir: Path) -> list[str]:
     files = sorted(model_dir.glob("*.safetensors"))
     names: list[str] = []
     for f in files:
-        names.extend(read_safetensors_header(f))
+        names.extend(read_header(f))
     return sorted(names)
 
 
-def resolve_weight_names(names: Iterable[str], tied: bool) -> dict[str, str | None]:
+def _candidates(family: Family, kind: str) -> tuple[str, ...]:
+    """The family's names for ``kind`` first, then every generic spelling."""
+    return tuple(dict.fromkeys((*getattr(family.weights, kind), *getattr(GENERIC.weights, kind))))
+
+
+def resolve_weight_names(
+    names: Iterable[str], tied: bool, family: Family = GENERIC
+) -> dict[str, str | None]:
     """Pick embed_tokens / lm_head / final norm names by ordered candidates."""
     present = set(names)
+    embed_c, head_c, norm_c = (_candidates(family, k) for k in ("embed", "lm_head", "norm"))
 
     def pick(cands: tuple[str, ...]) -> str | None:
         return next((c for c in cands if c in present), None)
 
-    embed = pick(EMBED_CANDIDATES)
-    lm_head = pick(LM_HEAD_CANDIDATES)
-    norm = pick(NORM_CANDIDATES)
+    embed, lm_head, norm = pick(embed_c), pick(head_c), pick(norm_c)
     if present:
         if embed is None:
-            raise ConfigError(f"no embedding weight found (tried {', '.join(EMBED_CANDIDATES)})")
+            raise ConfigError(f"no embedding weight found (tried {', '.join(embed_c)})")
         if norm is None:
-            raise ConfigError(f"no final norm weight found (tried {', '.join(NORM_CANDIDATES)})")
+            raise ConfigError(f"no final norm weight found (tried {', '.join(norm_c)})")
         if lm_head is None and not tied:
             raise ConfigError(
                 f"no lm_head weight found and embeddings are not tied "
-                f"(tried {', '.join(LM_HEAD_CANDIDATES)})"
+                f"(tried {', '.join(head_c)})"
             )
     return {"embed_tokens": embed, "lm_head": None if tied else lm_head, "final_norm": norm}
 
 
-def weight_prefix(names: Iterable[str]) -> str:
+def weight_prefix(names: Iterable[str], family: Family = GENERIC) -> str:
     """The prefix under which the language model's decoder layers are stored."""
+    patterns = _candidates(family, "layer_patterns")
     for name in names:
-        for pat in LAYER_PATTERNS:
+        for pat in patterns:
             m = re.match(pat, name)
             if m:
                 return name[: m.start(1)].removesuffix("layers.")
@@ -285,13 +223,8 @@ def rope_type(text: dict[str, Any]) -> str:
     return "default"
 
 
-def describe_config(
-    config: dict[str, Any], model: ModelConfig, weight_names: list[str] | None = None
-) -> TargetSpec:
-    """Describe a target from its ``config.json`` (and weight names when known)."""
-    key, text = split_text_config(config)
-    archs = config.get("architectures") or text.get("architectures") or ["unknown"]
-    arch = archs[0]
+def _size(config: dict[str, Any], key: str | None, text: dict[str, Any]) -> tuple[int, int, int]:
+    """(layers, hidden size, vocabulary) in any of the spellings checkpoints use."""
     num_layers = _first(text, "num_hidden_layers", "n_layer", "num_layers")
     hidden = _first(text, "hidden_size", "n_embd", "d_model")
     vocab = _first(text, "vocab_size", default=config.get("vocab_size"))
@@ -300,25 +233,59 @@ def describe_config(
         raise ConfigError(
             f"config.json: cannot read {where}num_hidden_layers / hidden_size / vocab_size"
         )
+    return num_layers, hidden, vocab
+
+
+def _attention(text: dict[str, Any], hidden: int) -> dict[str, Any]:
+    """Head counts and head_dim; MLA has no single head_dim (q/k use nope + rope dims,
+    v uses v_head_dim), so its head_dim is the q/k one."""
     heads = int(_first(text, "num_attention_heads", "n_head", default=1))
-    kv_heads = int(_first(text, "num_key_value_heads", default=heads))
     mla = text.get("kv_lora_rank") is not None
     if mla:
-        # MLA has no single head_dim; q/k use nope + rope dims, v uses v_head_dim.
         head_dim = int(text.get("qk_nope_head_dim", 0)) + int(text.get("qk_rope_head_dim", 0))
     else:
         head_dim = int(_first(text, "head_dim", default=hidden // heads))
-    experts = int(_first(text, "n_routed_experts", "num_experts", "num_local_experts", default=0))
-    tied = bool(_first(text, "tie_word_embeddings", default=config.get("tie_word_embeddings", False)))
-    # a top-level False (Kimi) overrides a nested default
+    return {
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(_first(text, "num_key_value_heads", default=heads)),
+        "head_dim": head_dim,
+        "attention": "mla" if mla else "standard",
+    }
+
+
+def _tied(config: dict[str, Any], key: str | None, text: dict[str, Any]) -> bool:
+    """Tied embeddings; a top-level value (Kimi's False) overrides a nested default."""
     if "tie_word_embeddings" in config and key is not None:
-        tied = bool(config["tie_word_embeddings"])
-    names = weight_names or []
-    aux, aux_source = resolve_aux_layer_ids(num_layers, model.aux_layer_ids)
-    vllm_arch = VLLM_ARCHITECTURE_NAMES.get(arch, arch)
-    quant = config.get("quantization_config") or text.get("quantization_config")
+        return bool(config["tie_word_embeddings"])
+    return bool(_first(text, "tie_word_embeddings", default=config.get("tie_word_embeddings", False)))
+
+
+def _provenance(model: ModelConfig) -> dict[str, Any]:
+    """Where the target comes from: hub id, revision (or the HF cache snapshot's sha)."""
     path = Path(model.path) if model.path else None
     revision = model.revision or (_revision_from_path(path.resolve()) if path else None)
+    return {
+        "hub_id": model.hub_id,
+        "revision": revision,
+        "trust_remote_code": model.trust_remote_code,
+        "path": str(path) if path else None,
+    }
+
+
+def describe_config(
+    config: dict[str, Any], model: ModelConfig, weight_names: list[str] | None = None
+) -> TargetSpec:
+    """Describe a target from its ``config.json`` (and weight names when known)."""
+    family = family_for_config(config)
+    key, text = split_text_config(config)
+    arch = (config.get("architectures") or text.get("architectures") or ["unknown"])[0]
+    num_layers, hidden, vocab = _size(config, key, text)
+    experts = family.num_experts(text)
+    tied = _tied(config, key, text)
+    names = weight_names or []
+    aux, aux_source = resolve_aux_layer_ids(num_layers, model.aux_layer_ids, family)
+    vllm_arch = family.vllm_name(arch)
+    quant = config.get("quantization_config") or text.get("quantization_config")
     return TargetSpec(
         name=model.name,
         model_type=str(config.get("model_type", "unknown")),
@@ -331,27 +298,21 @@ def describe_config(
         num_layers=num_layers,
         hidden_size=hidden,
         vocab_size=vocab,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=head_dim,
+        **_attention(text, hidden),
         intermediate_size=int(_first(text, "intermediate_size", default=4 * hidden)),
-        attention="mla" if mla else "standard",
         moe=experts > 0,
         num_experts=experts,
         aux_layer_ids=aux,
         aux_layer_ids_source=aux_source,
-        weights=resolve_weight_names(names, tied),
+        weights=resolve_weight_names(names, tied, family),
         tie_word_embeddings=tied,
-        weight_prefix=weight_prefix(names),
-        quantization=(quant or {}).get("quant_method") if isinstance(quant, dict) else None,
+        weight_prefix=weight_prefix(names, family),
+        quantization=quant.get("quant_method") if isinstance(quant, dict) else None,
         torch_dtype=_first(text, "dtype", "torch_dtype", default=config.get("torch_dtype")),
         max_position_embeddings=_first(text, "max_position_embeddings"),
         rope_type=rope_type(text),
         rms_norm_eps=float(_first(text, "rms_norm_eps", "layer_norm_epsilon", default=1e-6)),
-        hub_id=model.hub_id,
-        revision=revision,
-        trust_remote_code=model.trust_remote_code,
-        path=str(path) if path else None,
+        **_provenance(model),
     )
 
 

@@ -15,9 +15,11 @@ from typing import Any
 
 from eagle3_pipeline.core.errors import StageError
 from eagle3_pipeline.targets.adapter import TargetSpec
+from eagle3_pipeline.targets.families import decoder_layers_attrs, final_norm_attrs
 
-DECODER_LAYER_ATTRS = ("layers", "h", "blocks")
-FINAL_NORM_ATTRS = ("norm", "ln_f", "final_layernorm", "final_norm")
+# The attribute names of the decoder layers and final norm on any family's base model.
+DECODER_LAYER_ATTRS = decoder_layers_attrs()
+FINAL_NORM_ATTRS = final_norm_attrs()
 
 def language_model_key_mapping(spec: TargetSpec) -> dict[str, str]:
     """Checkpoint name -> causal-LM name for the language model, from the adapter's

@@ -1,10 +1,13 @@
-"""The embedded default target: a tiny Kimi-K2.5 (or Llama) built and trained locally.
+"""The embedded default target: a tiny member of a target family, built and trained here.
 
 Why build instead of download: nothing can be fetched from a model hub here, and a
 newcomer's first ``dvc repro`` must run end to end on a laptop CPU. The tiny target is a
-real transformers model of the real architecture (``kimi_k25``: nested ``text_config``,
-DeepSeek-V3 MLA + MoE language model, a vision tower), saved under the real Kimi weight
-names, so the pipeline's nested-target code is exercised, not bypassed.
+real transformers model of the real architecture (``model.tiny.architecture`` names a
+family in :mod:`eagle3_pipeline.targets.families`; the default ``kimi_k25`` is a nested
+``text_config``, DeepSeek-V3 MLA + MoE language model and a vision tower), saved in the
+real checkpoint's layout, so the pipeline's nested-target code is exercised, not bypassed.
+Every tiny target shares one tokenizer and Kimi-K2.5's chat format; the family decides
+the model.
 
 Why train it: an untrained target produces noise, and a draft trained on noise says
 nothing about acceptance. A few hundred steps on the built-in corpus make its greedy
@@ -14,57 +17,32 @@ baseline of the same split.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
 import random
-import re
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.core.config import TargetStageConfig, TinyModelConfig
-from eagle3_pipeline.core.io import atomic_write_json
+from eagle3_pipeline.targets.families import (
+    check_tiny_architecture,
+    family_for_config,
+    get_family,
+)
+from eagle3_pipeline.targets.families.base import tiny_common_config
+from eagle3_pipeline.targets.families.kimi_k25 import CHAT_TEMPLATE, CHAT_TOKENS, END_OF_TURN
+from eagle3_pipeline.targets.families.kimi_k25 import (
+    REASONING_MARKERS as REASONING_MARKERS,  # readers of the tiny chat format import it here
+)
 
 log = logging.getLogger(__name__)
 
-# Kimi-shaped special tokens: role markers, a middle separator, an end-of-turn token and
-# a reasoning block. The media tokens exist so the vision ids are inside the tiny vocab.
+# The tiny tokenizer's own begin / end / padding tokens, then Kimi-K2.5's chat tokens.
 BOS, EOS, PAD = "[BOS]", "[EOS]", "[PAD]"
-IM_SYSTEM, IM_USER, IM_ASSISTANT = "<|im_system|>", "<|im_user|>", "<|im_assistant|>"
-IM_MIDDLE, IM_END = "<|im_middle|>", "<|im_end|>"
-THINK, END_THINK = "<think>", "</think>"
-MEDIA = ("<|media_start|>", "<|media_content|>", "<|media_end|>", "<|media_pad|>", "<|video_pad|>")
-SPECIAL_TOKENS = [
-    BOS, EOS, PAD, IM_SYSTEM, IM_USER, IM_ASSISTANT, IM_MIDDLE, IM_END, THINK, END_THINK, *MEDIA
-]
-END_OF_TURN = IM_END
-REASONING_MARKERS = (THINK, END_THINK)
-
-# Like Kimi-K2.5's template in thinking mode: the assistant turns after the last user
-# message keep their reasoning inside <think>...</think>; earlier ones are rendered with
-# an empty <think></think>, so past reasoning is dropped exactly as at inference.
-CHAT_TEMPLATE = (
-    "{%- set ns = namespace(last_user=-1) -%}"
-    "{%- for m in messages -%}{%- if m['role'] == 'user' -%}"
-    "{%- set ns.last_user = loop.index0 -%}{%- endif -%}{%- endfor -%}"
-    "{%- for m in messages -%}"
-    "{%- if m['role'] == 'system' -%}"
-    "<|im_system|>system<|im_middle|>{{ m['content'] }}<|im_end|>"
-    "{%- elif m['role'] == 'user' -%}"
-    "<|im_user|>user<|im_middle|>{{ m['content'] }}<|im_end|>"
-    "{%- elif m['role'] == 'assistant' -%}"
-    "<|im_assistant|>assistant<|im_middle|>"
-    "{%- if loop.index0 > ns.last_user and m.get('reasoning_content') -%}"
-    "<think>{{ m['reasoning_content'] }}</think>"
-    "{%- else -%}<think></think>{%- endif -%}"
-    "{{ m['content'] }}<|im_end|>"
-    "{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}<|im_assistant|>assistant<|im_middle|>{%- endif -%}"
-)
+SPECIAL_TOKENS = [BOS, EOS, PAD, *CHAT_TOKENS]
 
 
 # --------------------------------------------------------------------------- tokenizer
@@ -88,9 +66,9 @@ def build_tokenizer(texts: list[str], vocab_size: int) -> Any:
     hf = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=BOS,
-        eos_token=IM_END,
+        eos_token=END_OF_TURN,
         pad_token=PAD,
-        additional_special_tokens=[t for t in SPECIAL_TOKENS if t not in (BOS, IM_END, PAD)],
+        additional_special_tokens=[t for t in SPECIAL_TOKENS if t not in (BOS, END_OF_TURN, PAD)],
         chat_template=CHAT_TEMPLATE,
         model_max_length=1 << 20,
     )
@@ -101,84 +79,22 @@ def build_tokenizer(texts: list[str], vocab_size: int) -> Any:
 
 
 def build_model(shape: TinyModelConfig, tokenizer: Any, seed: int) -> Any:
-    """Instantiate the tiny target with random weights (seeded)."""
+    """Instantiate the tiny target of ``shape.architecture`` with random weights (seeded)."""
     import torch
 
+    check_tiny_architecture(shape.architecture)
+    builder = get_family(shape.architecture).tiny
+    assert builder is not None
     torch.manual_seed(seed)
-    vocab = len(tokenizer)
-    eos = tokenizer.convert_tokens_to_ids(IM_END)
-    common = dict(
-        vocab_size=vocab,
-        hidden_size=shape.hidden_size,
-        intermediate_size=shape.intermediate_size,
-        num_hidden_layers=shape.num_layers,
-        num_attention_heads=shape.num_heads,
-        max_position_embeddings=shape.max_position_embeddings,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=False,
-        bos_token_id=tokenizer.convert_tokens_to_ids(BOS),
-        eos_token_id=eos,
-        pad_token_id=tokenizer.convert_tokens_to_ids(PAD),
-    )
-    if shape.architecture == "llama":
-        from transformers import LlamaConfig, LlamaForCausalLM
-
-        cfg = LlamaConfig(num_key_value_heads=max(1, shape.num_heads // 2), **common)
-        return LlamaForCausalLM(cfg)
-
-    from transformers import DeepseekV3Config, Kimi_K25Config, Kimi_K25ForConditionalGeneration
-    from transformers.models.kimi_k25.configuration_kimi_k25 import Kimi_K25VisionConfig
-
-    text = DeepseekV3Config(
-        num_key_value_heads=shape.num_heads,
-        q_lora_rank=shape.q_lora_rank,
-        kv_lora_rank=shape.kv_lora_rank,
-        qk_rope_head_dim=shape.qk_rope_head_dim,
-        qk_nope_head_dim=shape.qk_nope_head_dim,
-        v_head_dim=shape.v_head_dim,
-        n_routed_experts=shape.n_routed_experts,
-        num_experts_per_tok=shape.num_experts_per_tok,
-        n_shared_experts=shape.n_shared_experts,
-        moe_intermediate_size=shape.moe_intermediate_size,
-        first_k_dense_replace=shape.first_k_dense_replace,
-        n_group=1,
-        topk_group=1,
-        rope_parameters=_rope_parameters(shape),
-        **common,
-    )
-    vision = Kimi_K25VisionConfig(
-        patch_size=14,
-        pos_emb_height=4,
-        pos_emb_width=4,
-        pos_emb_time=1,
-        num_attention_heads=2,
-        num_hidden_layers=1,
-        hidden_size=32,
-        intermediate_size=64,
-    )
     ids = tokenizer.convert_tokens_to_ids
-    cfg = Kimi_K25Config(
-        text_config=text,
-        vision_config=vision,
-        projection_hidden_size=32,
-        image_token_id=ids("<|media_pad|>"),
-        video_token_id=ids("<|video_pad|>"),
-        vision_start_token_id=ids("<|media_start|>"),
-        vision_end_token_id=ids("<|media_end|>"),
-        tie_word_embeddings=False,
-    )
-    return Kimi_K25ForConditionalGeneration(cfg)
-
-
-def _rope_parameters(shape: TinyModelConfig) -> dict[str, Any]:
-    """transformers 5 spells the real ``rope_scaling: {type: yarn, ...}`` as
-    ``rope_parameters: {rope_type: yarn, rope_theta, ...}``."""
-    params: dict[str, Any] = {"rope_type": "default", "rope_theta": shape.rope_theta}
-    if shape.rope_scaling:
-        scaling = dict(shape.rope_scaling)
-        params["rope_type"] = scaling.pop("type", scaling.pop("rope_type", "default"))
-        params.update(scaling)
-    return params
+    common = {
+        **tiny_common_config(shape),
+        "vocab_size": len(tokenizer),
+        "bos_token_id": ids(BOS),
+        "eos_token_id": ids(END_OF_TURN),
+        "pad_token_id": ids(PAD),
+    }
+    return builder.build(shape, common, tokenizer)
 
 
 def language_model_forward(model: Any, input_ids: Any) -> Any:
@@ -298,144 +214,29 @@ def unigram_perplexity(train_ids: list[int], eval_ids: list[int], vocab: int, se
 # --------------------------------------------------------------------------- saving
 
 
-# transformers 5.19's save_pretrained does not quite invert its own kimi_k25 load-time
-# renames; these put the names back where the real checkpoint (and vLLM) has them.
-_KIMI_RENAMES = (
-    # its global ``blocks -> layers`` rule is meant for the vision tower
-    (re.compile(r"^language_model\.model\.blocks\.(\d+)\."), r"language_model.model.layers.\1."),
-    (re.compile(r"^model\.mm_projector\."), "mm_projector."),
-    (re.compile(r"^vision_tower\.encoder\.patch_embed\."), "vision_tower.patch_embed."),
-)
-
-
-def _kimi_name(name: str) -> str:
-    for pattern, repl in _KIMI_RENAMES:
-        name = pattern.sub(repl, name)
-    return name
-
-
-def rename_to_kimi_layout(model_dir: Path) -> int:
-    """Rewrite shard tensor names and the index to the real Kimi layout; return count."""
-    from safetensors.torch import load_file, save_file
-
-    renamed = 0
-    index_path = model_dir / "model.safetensors.index.json"
-    shards = sorted(model_dir.glob("*.safetensors"))
-    for shard in shards:
-        tensors = load_file(shard)
-        new = {_kimi_name(k): v for k, v in tensors.items()}
-        changed = sum(1 for k in tensors if _kimi_name(k) != k)
-        if changed:
-            renamed += changed
-            save_file(new, str(shard), metadata={"format": "pt"})
-    if index_path.is_file():
-        index = json.loads(index_path.read_text())
-        index["weight_map"] = {_kimi_name(k): v for k, v in index["weight_map"].items()}
-        index_path.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
-    return renamed
-
-
-# The real checkpoint's image-processor settings (MoonViT: 14-px patches, 2x2 merge).
-# vLLM's Kimi-K2.5 processor reads this file at start-up even for text-only requests.
-KIMI_PREPROCESSOR: dict[str, Any] = {
-    "media_proc_cfg": {
-        "in_patch_limit": 16384,
-        "patch_size": 14,
-        "image_mean": [0.5, 0.5, 0.5],
-        "image_std": [0.5, 0.5, 0.5],
-        "merge_kernel_size": 2,
-        "fixed_output_tokens": None,
-        "patch_limit_on_one_side": 512,
-        "in_patch_limit_each_frame": 4096,
-        "in_patch_limit_video": None,
-        "sample_fps": 2.0,
-        "max_num_frames_each_video": None,
-        "temporal_merge_kernel_size": 4,
-        "timestamp_mode": "hh:mm:ss.fff",
-        "config_type": "image",
-    }
-}
-
-
-def kimi_config(cfg: dict[str, Any]) -> dict[str, Any]:
-    """The config transformers wrote, reshaped to the real Kimi-K2.5 ``config.json``.
-
-    vLLM keys on the real architecture name (``KimiK25...``, not transformers'
-    ``Kimi_K25...``), builds ``gate.e_score_correction_bias`` only for
-    ``topk_method: noaux_tc``, and its EAGLE proposer reads
-    ``media_placeholder_token_id``. The real vision keys (``vt_*``) are added beside
-    transformers' own so both readers find what they expect; rope scaling is written in
-    the real spelling (``rope_scaling`` + ``rope_theta``), which transformers converts on
-    load.
-    """
-    out = dict(cfg)
-    text = dict(out["text_config"])
-    vision = dict(out["vision_config"])
-    out["architectures"] = ["KimiK25ForConditionalGeneration"]
-    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
-        out[key] = text[key]
-    out["ignore_index"] = -100
-    out["media_placeholder_token_id"] = out["image_token_id"]
-    out["use_unified_vision_chunk"] = True
-    out["video_placeholder"] = "<|kimi_k25_video_placeholder|>"
-    text["architectures"] = ["DeepseekV3ForCausalLM"]
-    text["topk_method"] = "noaux_tc"
-    text["scoring_func"] = "sigmoid"
-    text["moe_layer_freq"] = 1
-    text["num_nextn_predict_layers"] = 0
-    text["tie_word_embeddings"] = False
-    text["dtype"] = out.get("dtype", "float32")
-    rope = dict(text.pop("rope_parameters", None) or {})
-    text["rope_theta"] = rope.pop("rope_theta", 10000.0)
-    kind = rope.pop("rope_type", "default")
-    text["rope_scaling"] = {"type": kind, **rope} if kind != "default" else None
-    vision.update({
-        "init_pos_emb_height": vision["pos_emb_height"],
-        "init_pos_emb_width": vision["pos_emb_width"],
-        "init_pos_emb_time": vision["pos_emb_time"],
-        "pos_emb_type": "divided_fixed",
-        "merge_type": "sd2_tpool",
-        "video_attn_type": "spatial_temporal",
-        "vt_hidden_size": vision["hidden_size"],
-        "vt_intermediate_size": vision["intermediate_size"],
-        "vt_num_attention_heads": vision["num_attention_heads"],
-        "vt_num_hidden_layers": vision["num_hidden_layers"],
-        "mm_hidden_size": vision["hidden_size"],
-        "mm_projector_type": "patchmerger",
-        "projector_hidden_act": "gelu",
-        "projector_ln_eps": out.get("projection_layer_norm_eps", 1e-5),
-        "text_hidden_size": text["hidden_size"],
-    })
-    out["text_config"], out["vision_config"] = text, vision
-    return out
-
-
-def write_kimi_config(model_dir: Path) -> None:
-    path = model_dir / "config.json"
-    atomic_write_json(path, kimi_config(json.loads(path.read_text(encoding="utf-8"))))
-
-
 def save_target(model: Any, tokenizer: Any, out_dir: Path, max_shard_size: str) -> None:
+    """save_pretrained, then the family's fix-ups into the real checkpoint layout."""
     from transformers import GenerationConfig
 
     model.save_pretrained(out_dir, max_shard_size=max_shard_size)
     tokenizer.save_pretrained(out_dir)
-    eos = tokenizer.convert_tokens_to_ids(IM_END)
+    eos = tokenizer.convert_tokens_to_ids(END_OF_TURN)
     GenerationConfig(
         eos_token_id=eos, pad_token_id=tokenizer.pad_token_id, do_sample=False
     ).save_pretrained(out_dir)
-    if getattr(model.config, "model_type", "") == "kimi_k25":
-        rename_to_kimi_layout(out_dir)
-        write_kimi_config(out_dir)
-        atomic_write_json(out_dir / "preprocessor_config.json", KIMI_PREPROCESSOR)
+    builder = family_for_config({"model_type": model.config.model_type}).tiny
+    if builder is not None:
+        builder.finalize(out_dir)
 
 
 def load_target_model(model_dir: Path, dtype: str = "float32") -> Any:
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+    import transformers
+    from transformers import AutoConfig
 
     cfg = AutoConfig.from_pretrained(model_dir)
-    cls = AutoModelForImageTextToText if cfg.model_type == "kimi_k25" else AutoModelForCausalLM
+    auto_class = family_for_config({"model_type": cfg.model_type}).auto_class
+    cls = getattr(transformers, auto_class)
     return cls.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
 
 

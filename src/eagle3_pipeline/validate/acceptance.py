@@ -82,12 +82,12 @@ class Target:
     """The target's language model: logits and aux hidden states of a whole sequence.
 
     Aux states are captured exactly as the extract stage captures them
-    (:class:`eagle3_pipeline.extract.hidden_states.Capture`: forward pre-hooks on decoder layer k,
+    (:class:`eagle3_pipeline.targets.capture.Capture`: forward pre-hooks on decoder layer k,
     i.e. the residual stream entering layer k = HF ``hidden_states[k]``).
     """
 
     def __init__(self, lm: Any, aux_layer_ids: Sequence[int]) -> None:
-        from eagle3_pipeline.extract.hidden_states import Capture
+        from eagle3_pipeline.targets.capture import Capture
 
         self.lm = lm
         self.aux_layer_ids = list(aux_layer_ids)

@@ -34,11 +34,7 @@ def paths(cfg: Config) -> dict[str, Path]:
 def runtime(cfg: Config) -> tuple[str, str]:
     v = cfg.validate
     device = v.device or cfg.hardware.device
-    if device not in ("cpu", "cuda"):
-        raise ConfigError(f"validate.device={device!r} is not cpu or cuda")
     dtype = v.dtype or ("float32" if device == "cpu" else cfg.model.dtype)
-    if dtype not in ("float32", "bfloat16", "float16"):
-        raise ConfigError(f"validate.dtype={dtype!r} is not float32, bfloat16 or float16")
     if v.max_new_tokens < 1:
         raise ConfigError(f"validate.max_new_tokens={v.max_new_tokens} must be >= 1")
     if v.num_prompts is not None and v.num_prompts < 1:
@@ -141,9 +137,9 @@ def measure_vllm(cfg: Config, spec: Any, draft_dir: Path, prompts_path: Path, k:
                 runs[name] = run_offline(python, engine, ids, v.max_new_tokens, stops, log_path,
                                          timeout_s=cfg.vllm.startup_timeout_s + 3600)
             else:
-                runs[name] = run_served(python, engine, v.vllm_port, ids, v.max_new_tokens,
+                runs[name] = run_served(python, engine, v.server.port, ids, v.max_new_tokens,
                                         stops, log_path, cfg.vllm.startup_timeout_s,
-                                        cfg.vllm.shutdown_timeout_s, v.vllm_concurrency)
+                                        cfg.vllm.shutdown_timeout_s, v.server.concurrency)
             log.info("vLLM %s: %d tokens at %.1f tokens/s (engine ready in %.0f s)", name,
                      runs[name]["generated_tokens"], runs[name]["tokens_per_s"] or 0.0,
                      runs[name].get("load_s") or 0.0)
@@ -152,7 +148,7 @@ def measure_vllm(cfg: Config, spec: Any, draft_dir: Path, prompts_path: Path, k:
         raise StageError(f"vLLM validation failed: {exc}") from None
     out["mode"] = v.vllm_mode
     out["dtype"] = dtype
-    out["commands"] = {name: e.shell(v.vllm_port) for name, e in engines.items()}
+    out["commands"] = {name: e.shell(v.server.port) for name, e in engines.items()}
     out["workarounds"] = {name: {"env": e.env, "compilation_config": e.compilation_config}
                           for name, e in engines.items()}
     return out

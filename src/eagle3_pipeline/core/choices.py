@@ -1,0 +1,116 @@
+"""The closed sets of values that config settings accept.
+
+Why Enums and not ``Literal``: OmegaConf types a node from its annotation and supports
+Enums but not ``typing.Literal``. With an Enum, Hydra rejects ``-S train.parallel=fdsp``
+while composing, naming the key and the allowed values, instead of the stage failing
+after the earlier stages already ran.
+
+Why ``str`` Enums whose member names equal their values: the stages compare settings with
+plain strings (``cfg.hardware.device == "cpu"``), hash them as dict keys, pass them to
+torch / transformers / vLLM command lines and write them to JSON metrics and manifests.
+A ``str`` member equals, hashes and JSON-encodes as its value, and :class:`Choice` makes
+``str()`` and f-strings give the value too (a plain ``(str, Enum)`` would give
+``Device.cpu`` there). ``OmegaConf.to_yaml`` writes the member name, i.e. the value.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Choice(str, Enum):
+    """Base of every choice: behaves as its plain string value everywhere but ``repr``."""
+
+    def __str__(self) -> str:
+        return str.__str__(self)
+
+    __format__ = str.__format__
+
+
+class Device(Choice):
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class Dtype(Choice):
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+    float32 = "float32"
+
+
+class Interconnect(Choice):
+    none = "none"
+    pcie = "pcie"
+    nvlink = "nvlink"
+
+
+class DataSource(Choice):
+    builtin = "builtin"  # pydoc_data.topics, present on every Python install
+    file = "file"  # a local JSON/JSONL file (data.path)
+    hf = "hf"  # a Hugging Face dataset (data.path = its id)
+
+
+class DataFormat(Choice):
+    auto = "auto"
+    sharegpt = "sharegpt"
+    openai = "openai"
+
+
+class OnError(Choice):
+    skip = "skip"  # count bad records and go on
+    fail = "fail"  # the first bad record fails the stage
+
+
+class Reasoning(Choice):
+    keep = "keep"
+    drop = "drop"
+
+
+class RegenerateBackend(Choice):
+    hf = "hf"  # in-process transformers generation
+    server = "server"  # an OpenAI-compatible server (data.server)
+
+
+class ExtractBackend(Choice):
+    hf = "hf"  # transformers, CPU or GPU
+    vllm = "vllm"  # vllm serve + speculators' client, GPU
+
+
+class OnMismatch(Choice):
+    refuse = "refuse"  # fail the stage
+    restart = "restart"  # discard the other run's files (never mix them)
+
+
+class DraftLayerType(Choice):
+    """The EAGLE-3 draft decoder layers vLLM serves."""
+
+    llama = "llama"
+    qwen3 = "qwen3"
+
+
+class Scheduler(Choice):
+    cosine = "cosine"
+    linear = "linear"
+    none = "none"
+
+
+class AttnImplementation(Choice):
+    sdpa = "sdpa"
+    eager = "eager"
+    simple_flex_attention = "simple_flex_attention"  # CUDA only (no CPU backward)
+
+
+class LossImplementation(Choice):
+    eager = "eager"
+    fused = "fused"
+
+
+class Parallel(Choice):
+    auto = "auto"
+    ddp = "ddp"
+    fsdp = "fsdp"  # FSDP2 fully_shard
+
+
+class VllmMode(Choice):
+    offline = "offline"  # vllm.LLM in a worker process
+    serve = "serve"  # vllm serve + HTTP (validate.server)

@@ -1,0 +1,87 @@
+"""Child processes that never outlive the stage that started them.
+
+A ``vllm serve`` or a ``torchrun`` left behind keeps its GPU memory, and the next run then
+fails on the same GPUs far from the cause. Both start helper processes of their own
+(vLLM's engine core and TP/PP workers, torchrun's ranks), which only a signal to the whole
+process group reaches. So every such child starts in its own session (hence its own
+process group; a Ctrl-C at the terminal reaches only the stage, which then stops the group
+itself, in order), and stopping it is always the same sequence: SIGTERM to the group, a
+bounded wait, SIGKILL; then SIGKILL to the group once more even when the leader has
+exited, for members that outlived it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+KILL_WAIT_S = 30.0  # after SIGKILL; only a process stuck in the kernel (a wedged driver) waits
+
+
+def start_group(cmd: Sequence[str], **popen_kwargs: Any) -> subprocess.Popen[bytes]:
+    """``cmd`` as the leader of a new session and process group (``Popen`` keywords pass
+    through), so that :func:`stop_group` reaches every process it starts."""
+    return subprocess.Popen(list(cmd), start_new_session=True, **popen_kwargs)
+
+
+def signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    """``sig`` to ``proc``'s process group; a group that is already gone is not an error."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+def stop_group(proc: subprocess.Popen[bytes], timeout_s: float, what: str) -> None:
+    """SIGTERM the group, wait ``timeout_s``, SIGKILL it; then SIGKILL the group again for
+    stray members, even if the leader exited."""
+    if proc.poll() is None:
+        signal_group(proc, signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            log.warning("%s ignored SIGTERM for %.0fs: killing", what, timeout_s)
+            signal_group(proc, signal.SIGKILL)
+            try:
+                proc.wait(timeout=KILL_WAIT_S)
+            except subprocess.TimeoutExpired:
+                log.warning("%s (pid %d) still there %.0fs after SIGKILL", what, proc.pid,
+                            KILL_WAIT_S)
+    signal_group(proc, signal.SIGKILL)
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of process group ``pgid``, from /proc (Linux; empty
+    elsewhere). Read before the final SIGKILL, it tells whether the leader left members
+    behind, which a clean exit never does."""
+    proc_dir = Path("/proc")
+    found = []
+    for entry in proc_dir.iterdir() if proc_dir.is_dir() else []:
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()  # state, ppid, pgrp, ...
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            found.append(int(entry.name))
+    return found
+
+
+@contextlib.contextmanager
+def process_group(cmd: Sequence[str], stop_timeout_s: float, what: str,
+                  **popen_kwargs: Any) -> Iterator[subprocess.Popen[bytes]]:
+    """:func:`start_group` for the ``with`` block, :func:`stop_group` when it is left,
+    normally or by an error or Ctrl-C."""
+    proc = start_group(cmd, **popen_kwargs)
+    try:
+        yield proc
+    finally:
+        stop_group(proc, stop_timeout_s, what)

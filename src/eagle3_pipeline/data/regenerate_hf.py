@@ -1,0 +1,87 @@
+"""The ``hf`` regeneration backend: the target loaded in-process, batched greedy ``generate``.
+
+Why left padding and sorting by prompt length: every prompt of a batch must end at the
+same column for ``generate`` to append after it, and similar lengths waste the least
+padding; the results are put back in request order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from eagle3_pipeline.data.regenerate import Generation, Request, Result
+
+
+class HFBackend:
+    """Batched greedy generation with the target loaded in-process (CPU or GPU)."""
+
+    name = "hf"
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        eot_ids: list[int],
+        pad_id: int,
+        max_new_tokens: int,
+        batch_size: int,
+        device: str = "cpu",
+        dtype: str = "float32",
+        model: Any = None,
+    ) -> None:
+        from eagle3_pipeline.targets.tiny import load_target_model
+
+        self.model_dir = Path(model_dir)
+        self.eot_ids = list(eot_ids)
+        self.pad_id = pad_id
+        self.max_new_tokens = max_new_tokens
+        self.batch_size = batch_size
+        self.device = device
+        self.model = model if model is not None else load_target_model(self.model_dir, dtype)
+        self.model.to(device)
+
+    def fingerprint(self) -> dict[str, Any]:
+        files = sorted(
+            (p.name, p.stat().st_size, p.stat().st_mtime_ns)
+            for p in self.model_dir.iterdir()
+            if p.is_file()
+        )
+        return {
+            "backend": self.name,
+            "model_files": files,
+            "max_new_tokens": self.max_new_tokens,
+            "eot": self.eot_ids,
+            "device": self.device,
+            "dtype": str(next(self.model.parameters()).dtype),
+        }
+
+    def generate(self, requests: list[Request], on_done: Callable[[int], None]) -> list[Result]:
+        import torch
+
+        results: list[Result | None] = [None] * len(requests)
+        order = sorted(range(len(requests)), key=lambda i: len(requests[i].prompt_ids))
+        for start in range(0, len(order), self.batch_size):
+            batch = order[start : start + self.batch_size]
+            prompts = [requests[i].prompt_ids for i in batch]
+            width = max(len(p) for p in prompts)
+            ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            for k, p in enumerate(prompts):  # left padding: every prompt ends at `width`
+                ids[k, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+                mask[k, width - len(p) :] = 1
+            with torch.no_grad():
+                out = self.model.generate(
+                    input_ids=ids.to(self.device),
+                    attention_mask=mask.to(self.device),
+                    max_new_tokens=self.max_new_tokens,
+                    do_sample=False,
+                    eos_token_id=self.eot_ids,
+                    pad_token_id=self.pad_id,
+                )
+            for k, i in enumerate(batch):
+                gen = out[k, width:].tolist()
+                end = next((n for n, t in enumerate(gen) if t in self.eot_ids), None)
+                results[i] = Generation(list(prompts[k]), gen if end is None else gen[: end + 1])
+            on_done(len(batch))
+        return [r for r in results if r is not None]

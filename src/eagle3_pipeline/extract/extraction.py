@@ -1,0 +1,142 @@
+"""What both backends do before the first batch and after a failure.
+
+Every check that can fail without a model (config, target.json's layers, tokenizer,
+rows, output directory, manifest, disk space) runs first, so a bad input costs seconds,
+not a model load; a failure before any file was written leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from eagle3_pipeline.core.config import Config, ConfigError
+from eagle3_pipeline.core.errors import StageError
+from eagle3_pipeline.extract.fingerprint import check_prepared_tokenizer, tokenizer_sha256
+from eagle3_pipeline.extract.layout import MANIFEST, output_dir, prepared_dir, target_json_path
+from eagle3_pipeline.extract.manifest import (
+    check_manifest,
+    existing_files,
+    manifest_count,
+    manifest_key,
+    remove_stale_temps,
+    verify_token_ids,
+)
+from eagle3_pipeline.extract.rows import Rows, load_rows
+from eagle3_pipeline.targets.adapter import TargetSpec, load_target_spec
+
+_ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+@dataclass
+class Extraction:
+    """Everything checked before the first batch (shared by both backends)."""
+
+    spec: TargetSpec
+    model_dir: Path
+    rows: Rows
+    out: Path
+    key: dict[str, Any]
+    reusable: dict[int, Path]
+    created_out: bool
+
+
+def _check_layers(spec: TargetSpec, cfg: Config) -> None:
+    ids = list(spec.aux_layer_ids)
+    bad = [k for k in ids if not (isinstance(k, int) and 0 <= k < spec.num_layers)]
+    if not ids or bad or len(set(ids)) != len(ids):
+        raise StageError(
+            f"target.json: aux_layer_ids={ids} invalid for a {spec.num_layers}-layer target "
+            f"(distinct ids in 0..{spec.num_layers - 1}; id k is the residual stream entering "
+            f"layer k): rerun the target stage with a valid model.aux_layer_ids"
+        )
+    if cfg.model.aux_layer_ids is not None and list(cfg.model.aux_layer_ids) != ids:
+        raise StageError(
+            f"model.aux_layer_ids={list(cfg.model.aux_layer_ids)} differs from target.json "
+            f"{ids}: rerun the target stage (target.json is the one place they are resolved)"
+        )
+
+
+def _check_config(cfg: Config) -> None:
+    e = cfg.extract
+    if not 0 <= e.rank < e.world_size:
+        raise ConfigError(f"extract.rank={e.rank} must be in [0, extract.world_size={e.world_size})")
+    if e.on_mismatch not in ("refuse", "restart"):
+        raise ConfigError(f"extract.on_mismatch={e.on_mismatch!r} is not one of refuse, restart")
+    if e.batch_tokens < 1 or e.plan_rows < 1 or e.writer_queue < 1:
+        raise ConfigError("extract.batch_tokens, plan_rows and writer_queue must be >= 1")
+
+
+def _prepare_output(out: Path) -> bool:
+    """Create the output directory and prove it is writable; True when created here."""
+    created = not out.exists()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write_probe.{os.getpid()}.tmp"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as exc:
+        raise StageError(f"{out}: output directory is not writable ({exc.strerror or exc})") from None
+    return created
+
+
+def begin(cfg: Config, backend: str) -> Extraction:
+    """Every check that can fail before a model is loaded or a file is written."""
+    _check_config(cfg)
+    spec = load_target_spec(target_json_path(cfg))
+    _check_layers(spec, cfg)
+    model_dir = Path(spec.path or "")
+    if not model_dir.is_dir():
+        raise StageError(f"target.json: path={spec.path}: model directory not found")
+    tok_sha = tokenizer_sha256(model_dir)
+    check_prepared_tokenizer(prepared_dir(cfg), tok_sha)
+    out = output_dir(cfg)
+    old_count = manifest_count(out)
+    rows = load_rows(prepared_dir(cfg), spec.vocab_size, prefix_at=[old_count] if old_count else [])
+    created = _prepare_output(out)
+    remove_stale_temps(out)
+    key = manifest_key(spec, model_dir, cfg.extract.dtype, backend, tok_sha)
+    try:
+        reusable = check_manifest(out, key, rows, cfg.extract.on_mismatch)
+        if old_count > len(rows):  # back to fewer rows: the prefix hash cannot tell
+            verify_token_ids(rows, reusable)
+    except BaseException:
+        if created:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+    return Extraction(spec, model_dir, rows, out, key, reusable, created)
+
+
+def bytes_needed(rows: Rows, todo: Sequence[int], n_layers: int, hidden: int, dtype: str) -> int:
+    """Disk space the files of rows ``todo`` take (data plus a header allowance)."""
+    per_token = n_layers * hidden * _ITEMSIZE[dtype] + 8
+    return sum(rows.lengths[i] * per_token + 512 for i in todo)
+
+
+def check_disk(out: Path, need: int) -> None:
+    """Refuse before computing rather than fail on a full disk hours later."""
+    free = shutil.disk_usage(out).free
+    if need > free:
+        raise StageError(
+            f"{out}: needs {need / 1e9:.2f} GB for the remaining hidden states, "
+            f"{free / 1e9:.2f} GB free"
+        )
+
+
+def peak_rss_bytes() -> int:
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def cleanup_if_empty(ex: Extraction, wrote_manifest: bool) -> None:
+    """After a failure before any file was written: leave nothing behind."""
+    if existing_files(ex.out):
+        return
+    if wrote_manifest:
+        (ex.out / MANIFEST).unlink(missing_ok=True)
+    if ex.created_out:
+        shutil.rmtree(ex.out, ignore_errors=True)

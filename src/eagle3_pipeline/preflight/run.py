@@ -1,0 +1,161 @@
+"""Preflight: prove the machine is ready before any GPU work starts.
+
+Reads the machine once (NVML, torch, package metadata, free disk, the vLLM environment),
+runs every check of :mod:`~eagle3_pipeline.preflight.hardware`,
+:mod:`~eagle3_pipeline.preflight.software` and :mod:`~eagle3_pipeline.preflight.disk`
+against the hardware profile, and assembles the outputs of
+:mod:`~eagle3_pipeline.preflight.result`. Every probe is a parameter so tests reproduce
+any machine without its hardware.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eagle3_pipeline.core.config import Config
+from eagle3_pipeline.plan.resources import FreeBytesFn, free_bytes
+from eagle3_pipeline.preflight.disk import check_disk
+from eagle3_pipeline.preflight.gpu import (
+    GpuError,
+    NoGpuDriver,
+    NvmlReader,
+    VisibleGpu,
+    gpu_record,
+    open_reader,
+    read_all,
+    select_visible,
+)
+from eagle3_pipeline.preflight.hardware import TorchView, check_driver, gpu_checks, torch_view
+from eagle3_pipeline.preflight.result import Check, PreflightResult, inventory, write_outputs
+from eagle3_pipeline.preflight.software import (
+    check_packages,
+    check_vllm,
+    package_versions,
+    probe_vllm,
+    vllm_needed,
+)
+
+
+@dataclass
+class _Machine:
+    """What NVML said: the GPUs the run would use, or why there is no driver."""
+
+    visible: list[VisibleGpu] = field(default_factory=list)
+    no_driver: str | None = None
+    driver: str | None = None
+    cuda_driver: Any = None
+    checks: list[Check] = field(default_factory=list)  # a bad CUDA_VISIBLE_DEVICES
+
+
+def _read_machine(
+    reader: NvmlReader | None, open_nvml: Callable[[], NvmlReader], env: Mapping[str, str]
+) -> _Machine:
+    """``reader`` None: open the real NVML (absent driver -> CPU mode), and close it again."""
+    m = _Machine()
+    own = None
+    if reader is None:
+        try:
+            reader = own = open_nvml()
+        except NoGpuDriver as exc:
+            m.no_driver = str(exc)
+    try:
+        if reader is not None:
+            m.driver, m.cuda_driver = reader.driver_version(), reader.cuda_driver_version()
+            try:
+                m.visible = select_visible(
+                    read_all(reader), env.get("CUDA_VISIBLE_DEVICES"), env.get("CUDA_DEVICE_ORDER")
+                )
+            except GpuError as exc:
+                m.checks.append(Check("visible_devices", False, "invalid", [str(exc)]))
+    finally:
+        if own is not None and hasattr(own, "close"):
+            own.close()
+    return m
+
+
+def _snapshot(mode: str, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The reading the train stage compares its post-training reading with."""
+    return {
+        "mode": mode,
+        "gpus": [
+            {
+                "cuda_index": r["cuda_index"],
+                "uuid": r["uuid"],
+                "memory_used_mib": r["memory_used_mib"],
+                "processes": r["processes"],
+            }
+            for r in records
+        ],
+    }
+
+
+def run_preflight(
+    cfg: Config,
+    reader: NvmlReader | None = None,
+    env: Mapping[str, str] | None = None,
+    torch_probe: Callable[[], TorchView] = torch_view,
+    free_fn: FreeBytesFn = free_bytes,
+    versions: dict[str, str | None] | None = None,
+    open_nvml: Callable[[], NvmlReader] = open_reader,
+    vllm_probe: Callable[[Config], Any] = probe_vllm,
+) -> PreflightResult:
+    """All checks. ``reader`` None: open the real NVML (absent driver -> CPU mode)."""
+    env = os.environ if env is None else env
+    hw = cfg.hardware
+    machine = _read_machine(reader, open_nvml, env)
+    visible = machine.visible
+    checks = [check_driver(cfg, machine.no_driver, len(visible)), *machine.checks]
+    use_gpus = hw.device == "cuda" and machine.no_driver is None
+    view: TorchView | None = None
+    if use_gpus:
+        gpu, view = gpu_checks(cfg, visible, env, torch_probe)
+        checks += gpu
+    vers = package_versions() if versions is None else versions
+    checks.append(check_packages(cfg, vers))
+    disk_check, disk_info = check_disk(cfg, free_fn)
+    checks.append(disk_check)
+    vllm_reading = None
+    if vllm_needed(cfg):
+        vllm_reading = vllm_probe(cfg)
+        checks.append(check_vllm(cfg, vllm_reading))
+
+    mode = "cuda" if use_gpus and visible else "cpu"
+    records = [gpu_record(v) for v in visible]
+    metrics = {
+        "passed": all(c.passed for c in checks),
+        "strict": cfg.preflight.strict,
+        "failures": sum(len(c.problems) for c in checks),
+        "mode": mode,
+        "hardware": hw.name,
+        "driver_version": machine.driver,
+        "cuda_driver_version": machine.cuda_driver,
+        "no_driver": machine.no_driver,
+        "cuda_visible_devices": env.get("CUDA_VISIBLE_DEVICES"),
+        "cuda_device_order": env.get("CUDA_DEVICE_ORDER"),
+        "gpu_count_visible": len(visible),
+        "gpus": records,
+        "torch": asdict(view) if view else None,
+        "packages": vers,
+        "disk": disk_info,
+        "vllm": vllm_reading.to_dict() if vllm_reading is not None else None,
+        "checks": {
+            c.name: {"passed": c.passed, "reading": c.reading, "problems": c.problems}
+            for c in checks
+        },
+        "snapshot": _snapshot(mode, records),
+    }
+    return PreflightResult(
+        checks, mode, inventory(mode, visible), metrics, cfg.preflight.strict, visible
+    )
+
+
+def check_machine(cfg: Config, metrics_file: Path) -> PreflightResult:
+    """Run every check on this machine and write the inventory and ``metrics_file``
+    (written on failure too: the metrics say which check failed and why)."""
+    result = run_preflight(cfg)
+    write_outputs(cfg, result, metrics_file)
+    return result

@@ -1,0 +1,97 @@
+"""Checks of the installed packages and of the separate vLLM environment.
+
+Why from metadata: preflight must stay fast, and importing speculators costs about 7 s;
+so versions come from package metadata, and vLLM (which lives in its own environment) is
+probed through that environment's interpreter, never imported here.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from typing import Any
+
+from eagle3_pipeline.core.config import Config
+from eagle3_pipeline.preflight.result import Check
+
+# Installed-version requirements checked from package metadata (pyproject.toml's ranges).
+PACKAGES: dict[str, str] = {
+    "torch": ">=2.9,<=2.14.1",
+    "transformers": ">=5.0,<=5.19.0",
+    "speculators": ">=0.9,<0.10",
+    "vllm": ">=0.33,<0.34",
+}
+
+
+def package_versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for name in PACKAGES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def _version_in(version: str, spec: str) -> bool:
+    """PEP 440 range check; True when ``packaging`` is missing or a version is unparsable
+    (presence is still checked)."""
+    try:
+        from packaging.specifiers import InvalidSpecifier, SpecifierSet
+        from packaging.version import InvalidVersion, Version
+    except ImportError:
+        return True
+    try:
+        return SpecifierSet(spec).contains(Version(version), prereleases=True)
+    except (InvalidSpecifier, InvalidVersion):
+        return True
+
+
+def check_packages(cfg: Config, versions: dict[str, str | None]) -> Check:
+    """Required: torch, transformers, speculators; vLLM only for ``extract.backend=vllm``."""
+    problems: list[str] = []
+    for name, spec in PACKAGES.items():
+        have = versions.get(name)
+        required = name != "vllm" or cfg.extract.backend == "vllm"
+        if have is None:
+            if required:
+                problems.append(f"{name} is not installed: pip install '{name}{spec}'")
+            continue
+        if not _version_in(have, spec):
+            problems.append(f"{name} {have} is installed, need {spec}: pip install '{name}{spec}'")
+    reading = ", ".join(f"{k} {v or '-'}" for k, v in versions.items())
+    return Check("packages", not problems, reading, problems)
+
+
+def vllm_needed(cfg: Config) -> bool:
+    """Whether any stage of this run starts vLLM."""
+    return bool(cfg.validate.vllm or cfg.extract.backend == "vllm"
+                or (cfg.data.regenerate and cfg.data.regenerate_backend == "server"
+                    and cfg.data.server.start))
+
+
+def probe_vllm(cfg: Config) -> Any:
+    """The vLLM environment's own answer (a ``VllmProbe``); a missing one is a reading with
+    ``error`` set, so it becomes a failed check rather than a crash."""
+    from eagle3_pipeline.serving.env import VllmEnvError, VllmProbe, find_python, probe
+
+    try:
+        return probe(find_python(cfg.vllm.python))
+    except VllmEnvError as exc:
+        return VllmProbe(python=str(cfg.vllm.python), error=str(exc))
+
+
+def check_vllm(cfg: Config, result: Any) -> Check:
+    """The vLLM environment imports, the CLI answers, and it is the build this hardware
+    needs (the CPU build on CPU profiles, a CUDA build on GPU profiles)."""
+    if result.error:
+        return Check("vllm", False, "missing", [
+            f"vLLM environment: {result.error}; install it with `eagle3-vllm-env install` "
+            "(or set validate.vllm=false to skip vLLM)"])
+    want_cpu = cfg.hardware.device == "cpu"
+    reading = f"vllm {result.version} ({'CPU' if result.cpu_build else 'CUDA'} build)"
+    if bool(result.cpu_build) != want_cpu:
+        return Check("vllm", False, reading, [
+            f"vLLM environment {result.python}: {reading}, but hardware={cfg.hardware.name} "
+            f"needs the {'CPU' if want_cpu else 'CUDA'} build "
+            f"(`eagle3-vllm-env install --device {'cpu' if want_cpu else 'cuda'}`)"])
+    return Check("vllm", True, reading)

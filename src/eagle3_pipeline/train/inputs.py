@@ -1,0 +1,108 @@
+"""The train stage's inputs, checked before any training starts: the local target
+directory, the prepared rows and the hidden states extracted from them.
+
+Hidden states of another target, revision or layer set would train a draft that vLLM then
+loads without complaint and that proposes garbage, so they are refused here with the file
+and the key that differ.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from eagle3_pipeline.core.safetensors import read_header
+from eagle3_pipeline.targets.adapter import TargetSpec
+from eagle3_pipeline.train.errors import TrainingError
+
+
+def target_dir(spec: TargetSpec) -> Path:
+    """The local target directory (embeddings, lm_head, final norm are read from it)."""
+    if not spec.path:
+        raise TrainingError("target.json has no local path: training needs the target's "
+                            "embedding, lm_head and final-norm weights on this machine")
+    path = Path(spec.path)
+    if not (path / "config.json").is_file():
+        raise TrainingError(f"{path}: target directory has no config.json (target.json path)")
+    return path
+
+
+def count_rows(prepared: Path) -> int:
+    """Rows of the prepared dataset, which must have speculators' columns."""
+    from datasets import load_from_disk
+
+    if not prepared.is_dir():
+        raise TrainingError(f"{prepared}: prepared dataset not found (run the prepare stage)")
+    ds = load_from_disk(str(prepared))
+    for col in ("input_ids", "loss_mask", "seq_len"):
+        if col not in ds.column_names:
+            raise TrainingError(f"{prepared}: column {col!r} missing (have {ds.column_names})")
+    return len(ds)
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise TrainingError(f"{path}: not found (run the extract stage)")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise TrainingError(f"{path}: not valid JSON ({exc})") from None
+
+
+def _check_manifest(path: Path, manifest: dict[str, Any], spec: TargetSpec) -> None:
+    """The extract stage's manifest names the layers and the target it read."""
+    layers = manifest.get("layers", {}).get("aux_layer_ids")
+    if layers is None or [int(k) for k in layers] != list(spec.aux_layer_ids):
+        raise TrainingError(
+            f"{path}: hidden states of layers {layers}, but target.json's aux layer "
+            f"ids are {spec.aux_layer_ids}: rerun the extract stage"
+        )
+    recorded = manifest.get("target", {})
+    mine = {"name": spec.name, "hub_id": spec.hub_id, "revision": spec.revision,
+            "num_layers": spec.num_layers, "hidden_size": spec.hidden_size,
+            "vocab_size": spec.vocab_size}
+    for key, value in mine.items():
+        theirs = recorded.get(key)
+        if theirs != value:
+            raise TrainingError(
+                f"{path}: hidden states from target {key}={theirs!r}, "
+                f"but target.json has {key}={value!r}: rerun the extract stage"
+            )
+
+
+def _check_files(hs_dir: Path, spec: TargetSpec, n_rows: int) -> None:
+    """The first file's tensor shape, and one file per prepared row."""
+    first = hs_dir / "hs_0.safetensors"
+    if not first.is_file():
+        raise TrainingError(f"{first}: not found (hidden states for prepared row 0)")
+    info = read_header(first).get("hidden_states")
+    shape = list(info.shape) if info is not None else None
+    want = [len(spec.aux_layer_ids) + 1, spec.hidden_size]
+    if not shape or len(shape) != 3 or shape[1:] != want:
+        raise TrainingError(
+            f"{first}: hidden_states shape {shape}, expected [seq, {want[0]}, {want[1]}] "
+            f"({len(spec.aux_layer_ids)} aux layers + final state, hidden {spec.hidden_size})"
+        )
+    missing = [i for i in range(n_rows) if not (hs_dir / f"hs_{i}.safetensors").is_file()]
+    if missing:
+        raise TrainingError(
+            f"{hs_dir}: no hidden states for {len(missing)} of {n_rows} prepared rows "
+            f"(first: hs_{missing[0]}.safetensors)"
+        )
+
+
+def check_hidden_states(hs_dir: Path, spec: TargetSpec, n_rows: int) -> dict[str, Any]:
+    """Refuse hidden states made from another target, revision or layer set; return the
+    manifest.
+
+    Reads ``manifest.json`` (written by the extract stage) and the header of the first
+    file: the layer ids must be target.json's aux ids, the target's name / hub id /
+    revision / sizes must be target.json's, and the tensors must be
+    ``[seq, n_aux + 1, hidden]`` with the target's hidden size.
+    """
+    manifest_path = hs_dir / "manifest.json"
+    manifest = _read_manifest(manifest_path)
+    _check_manifest(manifest_path, manifest, spec)
+    _check_files(hs_dir, spec, n_rows)
+    return manifest

@@ -1,0 +1,120 @@
+"""The train stage's run: in this process on CPU, or ``torchrun`` with one worker per GPU
+(or ``train.nproc`` gloo workers on CPU), then NVML's view of the GPUs once they exited.
+
+CUDA always trains in workers, even on one GPU, so that the stage itself never holds a
+CUDA context and can check, after they exited, that their memory went back to preflight's
+reading and that no process is left holding a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from eagle3_pipeline.core.config import Config, metrics_path
+from eagle3_pipeline.core.errors import StageError
+from eagle3_pipeline.core.processes import group_members, process_group
+from eagle3_pipeline.train.plan import plan_training
+from eagle3_pipeline.train.run import train
+
+log = logging.getLogger(__name__)
+
+WORKER_MODULE = "eagle3_pipeline.train.worker"
+STOP_TIMEOUT_S = 30.0  # torchrun's grace after SIGTERM to stop its workers
+
+
+def run_training(cfg: Config) -> dict[str, Any]:
+    """Train (or resume) the draft; metrics/train.json's content (not written here)."""
+    plan = plan_training(cfg)  # every refusal before any process starts
+    if plan.runtime.launched:
+        metrics = launch_torchrun(cfg, plan.runtime.world_size, plan.runtime.device)
+    else:
+        metrics = train(cfg)
+    if plan.runtime.device == "cuda":
+        metrics["gpu"] = gpu_reading(cfg)
+    else:
+        metrics["gpu"] = {"mode": "not applicable", "reason": "trained on CPU"}
+    reading = metrics["gpu"]
+    metrics["gpu_released"] = None if "clean" not in reading else bool(reading["clean"])
+    if reading.get("clean") is False:
+        # this stage's own check: validate never reads this volatile reading
+        log.warning("GPU memory NOT released after training: %s", "; ".join(reading["problems"]))
+    elif reading.get("clean"):
+        log.info("GPU memory released after training, no pipeline process left")
+    return metrics
+
+
+def _worker_env(device: str, nproc: int) -> dict[str, str]:
+    env = dict(os.environ)
+    if device == "cpu" and "OMP_NUM_THREADS" not in env:
+        # torchrun's default is 1 thread per worker; CPU workers share the cores
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
+    return env
+
+
+def launch_torchrun(cfg: Config, nproc: int, device: str = "cuda") -> dict[str, Any]:
+    """Run the workers under torchrun and return rank 0's metrics (+ ``launcher``).
+
+    The workers get the exact resolved config as a params file. torchrun runs in its own
+    process group (:mod:`eagle3_pipeline.core.processes`) so that, on error or Ctrl-C, the
+    whole group is stopped: no worker survives the stage. ``launcher.survivors`` counts the
+    group's processes still alive once torchrun returned (killed then; 0 is the expected
+    reading).
+    """
+    from omegaconf import OmegaConf
+
+    with tempfile.TemporaryDirectory(prefix="eagle3-train-") as tmp:
+        params = Path(tmp) / "params.yaml"
+        params.write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)), encoding="utf-8")
+        out = Path(tmp) / "metrics.json"
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc_per_node={nproc}", "-m", WORKER_MODULE,
+            "--params", str(params), "--out", str(out),
+        ]
+        log.info("launching: %s", " ".join(cmd))
+        with process_group(cmd, STOP_TIMEOUT_S, "torchrun", env=_worker_env(device, nproc)) as proc:
+            try:
+                rc = proc.wait()
+            finally:
+                # torchrun reaps its workers; anything left in the group is killed on leaving
+                survivors = group_members(proc.pid)
+        if survivors:
+            log.warning("killed %d process(es) left in torchrun's group: %s",
+                        len(survivors), survivors)
+        if rc != 0:
+            raise StageError(f"training workers failed (torchrun exit code {rc}); see above")
+        metrics = json.loads(out.read_text(encoding="utf-8"))
+        metrics["launcher"] = {
+            "command": f"torchrun --standalone --nproc_per_node={nproc} -m {WORKER_MODULE}",
+            "nproc": nproc,
+            "process_group": proc.pid,
+            "survivors": len(survivors),
+        }
+        return metrics
+
+
+def gpu_reading(cfg: Config) -> dict[str, Any]:
+    """NVML after the workers exited, compared with preflight's reading when it has one."""
+    from eagle3_pipeline.preflight import gpu
+
+    after = gpu.snapshot()
+    if after.get("mode") != "cuda":
+        return {"mode": "not applicable", "reason": after.get("reason", "no GPU")}
+    before: dict[str, Any] | None = None
+    pre = metrics_path(cfg, "preflight")
+    if pre.is_file():
+        data = json.loads(pre.read_text(encoding="utf-8"))
+        before = data.get("snapshot")  # written by the preflight stage
+    problems = gpu.compare_snapshots(before, after) if before else []
+    return {
+        "after_workers_exit": after,
+        "compared_with_preflight": before is not None,
+        "clean": not problems,
+        "problems": problems,
+    }

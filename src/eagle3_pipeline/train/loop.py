@@ -1,0 +1,340 @@
+"""The training loop: one process, or one torchrun rank.
+
+Design decision -- a lean loop over speculators' parts, not speculators' ``Trainer``:
+everything that defines what the draft learns is speculators' code, used as is: the
+``Eagle3DraftModel`` (its TTT unrolled forward, loss and per-position accuracy), its config
+and vocabulary mapping, its ``ArrowDataset`` + ``CollateFn`` + multipack sampler +
+``shift_batch`` reading the rows and ``hs_{i}`` files. What this package owns is the loop
+around them, because the ``Trainer`` gets in the way of each requirement of this stage: it
+does not run on CPU without four patches (device 0, accelerator synchronize, autocast type,
+checkpoint device); it checkpoints per epoch into its own directory layout, without the RNG
+state or a config fingerprint, so a DVC ``persist`` directory left by other params would be
+resumed silently; it has no hook for training-only noise; and its metrics go to its
+loggers, not to files DVC tracks. The compat module still carries the patches that make its
+``Trainer`` run on CPU, and ``bench/train.py`` measures this loop's step against it on the
+same data and draft.
+
+The noise is drawn from a generator seeded by (seed, step, rank), so a resumed run draws
+the same noise as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from eagle3_pipeline.core.config import Config, ConfigError, TrainConfig
+from eagle3_pipeline.core.faults import PREFIX, fault_after
+from eagle3_pipeline.draft.shape import build_draft, build_vocab_mapping, load_token_freq
+from eagle3_pipeline.train.batches import epoch_batches, load_split, make_loader
+from eagle3_pipeline.train.distributed import (
+    Dist,
+    all_reduce_ints,
+    all_reduce_sums,
+    wrap_parallel,
+)
+from eagle3_pipeline.train.errors import SimulatedFailure
+from eagle3_pipeline.train.inputs import target_dir
+from eagle3_pipeline.train.metrics import accumulate, summarize
+from eagle3_pipeline.train.plan import Plan
+from eagle3_pipeline.train.plots import History
+from eagle3_pipeline.train.runtime import cuda_attention, cuda_loss
+from eagle3_pipeline.train.state import load_state, save_state
+
+log = logging.getLogger(__name__)
+
+# Test-only fault (EAGLE3_FAULT_TRAIN_FAIL_AFTER_STEPS): raise after this many steps of a
+# run, once the periodic state is written, as a killed run would leave it.
+FAULT_NAME = "train_fail_after_steps"
+
+
+@dataclass
+class _RunCounters:
+    """What this run (not the resumed one before it) did: for throughput and ``resumed``."""
+
+    steps: int = 0
+    tokens: float = 0.0
+    train_s: float = 0.0
+
+
+def build_optimizer(model: Any, t: TrainConfig, total_steps: int) -> tuple[Any, Any]:
+    """AdamW over the trainable parameters and the ``train.scheduler`` schedule."""
+    import torch
+    from transformers import get_cosine_schedule_with_warmup, get_linear_schedule_with_warmup
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
+    warmup = int(total_steps * t.warmup_ratio)
+    if t.scheduler == "cosine":
+        scheduler = get_cosine_schedule_with_warmup(optimizer, warmup, total_steps)
+    elif t.scheduler == "linear":
+        scheduler = get_linear_schedule_with_warmup(optimizer, warmup, total_steps)
+    elif t.scheduler == "none":
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _s: 1.0)
+    else:
+        raise ConfigError(f"train.scheduler={t.scheduler!r} is not cosine, linear or none")
+    return optimizer, scheduler
+
+
+class DraftTrainer:
+    """One training run (one process, or one torchrun rank)."""
+
+    def __init__(self, cfg: Config, plan: Plan, d: Dist, progress: bool = True) -> None:
+        import torch
+
+        self.cfg, self.plan, self.d, self.progress = cfg, plan, d, progress
+        self.t = cfg.train
+        self.k = cfg.train.speculative_tokens
+        rt = plan.runtime
+        self.device = torch.device(f"cuda:{d.local_rank}" if rt.device == "cuda" else "cpu")
+        self.attn = rt.attn_implementation or cuda_attention(self.device, plan.shape)
+        self.loss_impl = rt.loss_implementation or cuda_loss()
+        self.autocast_dtype = getattr(torch, rt.dtype) if rt.dtype != "float32" else None
+        self.hs_dtype = getattr(torch, rt.dtype)
+        # a process group started outside the stage (a hand-run torchrun) still gets DDP
+        self.parallel = (rt.parallel if rt.parallel != "none" else "ddp") if d.world > 1 else "none"
+        self.model = self._build_model()
+        self.train_ds = load_split(plan, self.t, "train", self.hs_dtype)
+        self.val_ds = load_split(plan, self.t, "val", self.hs_dtype)
+        # the multipack sampler packs each epoch's permutation differently: count them all
+        self.steps_per_epoch = [len(self.epoch_batches(self.train_ds, e))
+                                for e in range(self.t.epochs)]
+        self.total_steps = sum(self.steps_per_epoch)
+        if self.t.max_steps is not None:
+            self.total_steps = min(self.total_steps, self.t.max_steps)
+        self.ddp_model = wrap_parallel(self.model, self.parallel, d, self.device,
+                                       self.autocast_dtype)
+        self.optimizer, self.scheduler = build_optimizer(self.model, self.t, self.total_steps)
+        self.global_step = 0
+        self.history = History()
+        self.val_loss_untrained: float | None = None
+        self.val_untrained: dict[str, Any] | None = None
+        self.last_val: dict[str, Any] | None = None
+        self.sharding: list[dict[str, Any]] = []  # per epoch: which rank trained on which rows
+        self.fail_after = fault_after(FAULT_NAME)
+        self._kwargs: dict[str, Any] | None = None
+
+    # -- construction
+
+    def _build_model(self) -> Any:
+        import torch
+
+        p = self.plan
+        torch.manual_seed(self.cfg.seed)
+        freq = load_token_freq(p.paths.prepared / "token_freq.pt")
+        d2t, t2d = build_vocab_mapping(
+            freq, self.t.draft_vocab_size, p.spec.vocab_size, list(p.required_tokens.values())
+        )
+        model = build_draft(
+            p.spec, p.shape, self.k, self.t.draft_vocab_size, d2t, t2d, target_dir(p.spec),
+            self.attn, norm_before_residual=self.t.draft.norm_before_residual,
+        )
+        return model.to(self.device)
+
+    def epoch_batches(self, ds: Any, epoch: int) -> list[list[int]]:
+        """This rank's batches (row ids) of ``epoch`` of ``ds``."""
+        return epoch_batches(ds, self.t, self.cfg.seed, self.d, epoch)
+
+    def loader(self, ds: Any, batches: list[list[int]]) -> Any:
+        """Collated batches of ``ds`` in the order of ``batches``."""
+        return make_loader(ds, batches, self.t, self.plan.spec, self.hs_dtype)
+
+    # -- one step
+
+    def call_kwargs(self) -> dict[str, Any]:
+        """speculators' forward arguments: TTT steps, their loss decay, the loss."""
+        from speculators.losses import resolve_loss_config
+
+        if self._kwargs is None:
+            self._kwargs = {
+                "ttt_steps": self.k,
+                "ttt_step_loss_decay": self.t.ttt_step_loss_decay,
+                "loss_config": resolve_loss_config(self.t.loss, self.loss_impl),
+            }
+        return self._kwargs
+
+    def _to_device(self, batch: dict[str, Any]) -> dict[str, Any]:
+        keys = ("hidden_states", "input_ids", "verifier_last_hidden_states", "loss_mask",
+                "position_ids", "document_ids")
+        return {k: batch[k].to(self.device, non_blocking=True) for k in keys}
+
+    def _autocast(self) -> Any:
+        import torch
+
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def add_noise(self, batch: dict[str, Any], step: int) -> None:
+        """Uniform noise of width ``train.hidden_noise`` on the input hidden states (not
+        on the verifier's final state, which defines the targets); seeded per step."""
+        import torch
+
+        if self.t.hidden_noise <= 0:
+            return
+        hs = batch["hidden_states"]
+        gen = torch.Generator(device="cpu").manual_seed(
+            (self.cfg.seed * 1_000_003 + step * 7919 + self.d.rank) % (2**63)
+        )
+        noise = (torch.rand(hs.shape, generator=gen, dtype=torch.float32) - 0.5)
+        batch["hidden_states"] = hs + (noise * self.t.hidden_noise).to(hs.dtype)
+
+    def train_step(self, batch: dict[str, Any], step: int) -> dict[str, Any]:
+        """One optimizer step; this rank's metric sums and the learning rate it used."""
+        import torch
+
+        self.add_noise(batch, step)
+        gb = self._to_device(batch)
+        with self._autocast():
+            _tokens, loss, metrics = self.ddp_model(**gb, **self.call_kwargs())
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.t.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.t.grad_clip)
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        sums: dict[str, float] = {}
+        accumulate(sums, metrics)
+        sums["tokens_sum"] = float((gb["document_ids"] != -1).sum().item())
+        return {"sums": sums, "lr": lr}
+
+    # -- validation
+
+    def validate(self) -> dict[str, Any]:
+        """Loss and accuracies on the held-out rows, summed over the ranks."""
+        import torch
+
+        self.model.eval()
+        sums: dict[str, float] = {}
+        batches = self.epoch_batches(self.val_ds, 0)
+        with torch.no_grad():
+            for batch in self.loader(self.val_ds, batches):
+                gb = self._to_device(batch)
+                with self._autocast():
+                    _tokens, _loss, metrics = self.model(**gb, **self.call_kwargs())
+                accumulate(sums, metrics)
+        self.model.train()
+        sums = all_reduce_sums(sums, self.d, self.device)
+        return summarize(sums, self.k)
+
+    def _record_sharding(self, epoch: int, seen: list[int]) -> None:
+        """Per epoch: rows each rank trained on, and how many rows more than one rank
+        trained on (0 when the data is sharded)."""
+        n = len(self.train_ds)
+        counts = [0] * n
+        for i in seen:
+            counts[i] += 1
+        per_rank = [0] * self.d.world
+        per_rank[self.d.rank] = len(seen)
+        total = all_reduce_ints(counts + per_rank, self.d)
+        counts, per_rank = total[:n], total[n:]
+        self.sharding.append({
+            "epoch": epoch,
+            "rows_per_rank": per_rank,
+            "rows_seen": sum(1 for c in counts if c),
+            "rows_on_several_ranks": sum(1 for c in counts if c > 1),
+            "train_rows": n,
+        })
+
+    # -- the run
+
+    def run(self) -> dict[str, Any]:
+        """Train to ``total_steps`` (resuming a matching state); what this run did and the
+        last validation."""
+        from tqdm.auto import tqdm
+
+        resume = load_state(self)
+        if resume is None:
+            self.val_untrained = self.validate()
+            self.val_loss_untrained = self.val_untrained["loss"]
+            start_epoch, skip = 0, 0
+        else:
+            start_epoch, skip = resume
+        bar = tqdm(total=self.total_steps, initial=self.global_step, desc="train draft",
+                   unit="step", mininterval=1.0, disable=not (self.progress and self.d.main))
+        try:
+            return self._loop(bar, start_epoch, skip)
+        finally:
+            bar.close()
+
+    def _done(self) -> bool:
+        return self.global_step >= self.total_steps
+
+    def _loop(self, bar: Any, start_epoch: int, skip: int) -> dict[str, Any]:
+        run = _RunCounters()
+        self.model.train()
+        for epoch in range(start_epoch, self.t.epochs):
+            if self._done():
+                break
+            batches = self.epoch_batches(self.train_ds, epoch)
+            start = skip if epoch == start_epoch else 0
+            step_in_epoch = self._train_epoch(bar, epoch, batches, start, run)
+            if step_in_epoch == len(batches) or self._done():
+                self._end_epoch(epoch)
+        if self.last_val is None:
+            self.last_val = self.validate()
+        return {
+            "steps_this_run": run.steps,
+            "tokens_this_run": run.tokens,
+            "train_s": run.train_s,
+            "val": self.last_val,
+        }
+
+    def _train_epoch(self, bar: Any, epoch: int, batches: list[list[int]], start: int,
+                     run: _RunCounters) -> int:
+        """Steps of ``epoch`` from batch ``start`` on; the position reached in the epoch."""
+        step_in_epoch = start
+        todo = batches[start:]
+        # a resumed epoch's first batches were trained by the killed run, on this rank
+        # (the fingerprint guarantees the same plan)
+        seen = [i for b in batches[:start] for i in b]
+        for rows, batch in zip(todo, self.loader(self.train_ds, todo), strict=True):
+            seen.extend(rows)
+            self._step(bar, epoch, batch, run)
+            step_in_epoch += 1
+            end_of_epoch = step_in_epoch == len(batches)
+            every = max(1, self.t.checkpoint_every_steps)
+            if not (self._done() or end_of_epoch) and self.global_step % every == 0:
+                save_state(self, epoch, step_in_epoch)
+            self._inject_fault(run)
+            if self._done():
+                break
+        self._record_sharding(epoch, seen)
+        return step_in_epoch
+
+    def _step(self, bar: Any, epoch: int, batch: dict[str, Any], run: _RunCounters) -> None:
+        t0 = time.perf_counter()
+        out = self.train_step(batch, self.global_step)
+        sums = all_reduce_sums(out["sums"], self.d, self.device)
+        dt = time.perf_counter() - t0
+        self.global_step += 1
+        run.steps += 1
+        run.tokens += sums["tokens_sum"]
+        run.train_s += dt
+        row = summarize(sums, self.k)
+        self.history.log_step(self.global_step, epoch, row, out["lr"],
+                              sums["tokens_sum"] / dt if dt else 0.0)
+        bar.update(1)
+        bar.set_postfix(loss=f"{row['loss']:.3f}",
+                        acc0=f"{row['accuracy_per_position'][0]:.2f}", refresh=False)
+
+    def _inject_fault(self, run: _RunCounters) -> None:
+        if self.fail_after is not None and run.steps >= self.fail_after:
+            raise SimulatedFailure(
+                f"{PREFIX}{FAULT_NAME.upper()}={self.fail_after}: simulated failure at "
+                f"step {self.global_step} (test-only fault)"
+            )
+
+    def _end_epoch(self, epoch: int) -> None:
+        """Validate, record the epoch's curve point and save the state at its end."""
+        val = self.validate()
+        self.history.log_epoch(epoch, self.global_step, val)
+        log.info("epoch %d: val loss %.4f, per-position accuracy %s", epoch,
+                 val["loss"], [round(a, 3) for a in val["accuracy_per_position"]])
+        # resumes at the start of the next epoch; finished after the last one
+        save_state(self, epoch + 1, 0, finished=self._done() or epoch + 1 == self.t.epochs)
+        self.last_val = val

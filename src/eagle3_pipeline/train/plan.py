@@ -1,0 +1,97 @@
+"""Everything a training run is decided by, checked before any process starts.
+
+The stage plans before it launches torchrun, so that a refused setting or a bad input is
+one line from the stage instead of N tracebacks from N workers; each worker plans again
+(cheap: no tensors are read) and gets the same answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from eagle3_pipeline.core.config import Config, metrics_path
+from eagle3_pipeline.draft.shape import DraftShape, check_train_config, special_token_ids
+from eagle3_pipeline.targets.adapter import TargetSpec, load_target_spec
+from eagle3_pipeline.train.errors import TrainingError
+from eagle3_pipeline.train.inputs import check_hidden_states, count_rows, target_dir
+from eagle3_pipeline.train.runtime import Runtime, choose_parallel, resolve_runtime
+
+
+@dataclass(frozen=True)
+class TrainPaths:
+    target_json: Path
+    prepared: Path
+    hidden_states: Path
+    draft: Path
+    state: Path
+    metrics: Path
+    plots: Path
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> TrainPaths:
+        paths = cfg.paths
+        return cls(
+            target_json=Path(paths.target) / "target.json",
+            prepared=Path(paths.prepared),
+            hidden_states=Path(paths.hidden_states),
+            draft=Path(paths.draft),
+            state=Path(paths.train_state),
+            metrics=metrics_path(cfg, "train"),
+            plots=Path(paths.plots) / "train",
+        )
+
+
+@dataclass
+class Plan:
+    """Everything checked before any training starts (the stage checks it before launching)."""
+
+    spec: TargetSpec
+    shape: DraftShape
+    runtime: Runtime
+    paths: TrainPaths
+    n_rows: int
+    required_tokens: dict[str, int]
+    fingerprint: str
+    parallel_reason: str = "one process"
+
+
+def plan_training(cfg: Config, paths: TrainPaths | None = None) -> Plan:
+    """Check the config and every input; :class:`TrainingError` or ``ConfigError`` names
+    the first problem."""
+    paths = paths or TrainPaths.from_config(cfg)
+    spec = load_target_spec(paths.target_json)
+    shape = check_train_config(cfg.train, spec)
+    runtime = resolve_runtime(cfg)
+    nodes = max(1, cfg.hardware.nodes) if runtime.device == "cuda" else 1
+    mode, reason = choose_parallel(cfg, shape, spec, runtime.world_size * nodes)
+    runtime = replace(runtime, parallel=mode)
+    tdir = target_dir(spec)
+    n_rows = count_rows(paths.prepared)
+    n_val = n_rows - int(n_rows * (1 - cfg.train.val_fraction))
+    if n_val < 1 or n_rows - n_val < 1:
+        raise TrainingError(
+            f"{paths.prepared}: {n_rows} rows cannot be split with "
+            f"train.val_fraction={cfg.train.val_fraction}"
+        )
+    check_hidden_states(paths.hidden_states, spec, n_rows)
+    required = special_token_ids(tdir)
+    fp = fingerprint(cfg, spec, shape, n_rows, runtime)
+    return Plan(spec, shape, runtime, paths, n_rows, required, fp, reason)
+
+
+def fingerprint(cfg: Config, spec: TargetSpec, shape: DraftShape, n_rows: int,
+                runtime: Runtime) -> str:
+    """What a resumable state must match: every setting that changes the trajectory."""
+    t = asdict(cfg.train)
+    # a former test-only key, never part of the trajectory: dropped while configs carry it,
+    # so states keep their fingerprint once it is gone
+    t.pop("fail_after_steps", None)
+    blob = json.dumps(
+        {"train": t, "seed": cfg.seed, "target": spec.to_dict(), "shape": shape.to_dict(),
+         "rows": n_rows, "runtime": asdict(runtime)},
+        sort_keys=True, default=str,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -1,0 +1,33 @@
+"""The trained draft in speculators' format (``save_pretrained``), which is what vLLM and
+the validate stage load."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from eagle3_pipeline.core.io import atomic_dir, atomic_write_text
+from eagle3_pipeline.train.errors import TrainingError
+
+
+def save_draft(model: Any, out_dir: Path, speculative_tokens: int,
+               state_dict: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``save_pretrained`` into ``out_dir`` atomically; return the written config.
+
+    ``state_dict``: the full weights when the model is FSDP-sharded (gathered on rank 0,
+    as speculators' ``DistributedCheckpointer`` does); None = the model's own."""
+    with atomic_dir(out_dir) as tmp:
+        model.save_pretrained(str(tmp), state_dict=state_dict)
+        cfg_path = tmp / "config.json"
+        config = json.loads(cfg_path.read_text(encoding="utf-8"))
+        # Written explicitly: vLLM's defaults differ from speculators' or are absent.
+        config["norm_before_residual"] = bool(model.config.norm_before_residual)
+        config.setdefault("transformer_layer_config", {})["num_aux_hidden_states"] = len(
+            model.config.eagle_aux_hidden_state_layer_ids
+        )
+        methods = config["speculators_config"]["proposal_methods"]
+        if methods[0].get("speculative_tokens") != speculative_tokens:
+            raise TrainingError("speculative_tokens was not written to the draft config")
+        atomic_write_text(cfg_path, json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return config

@@ -1,0 +1,38 @@
+"""The torchrun worker: ``torchrun -m eagle3_pipeline.train.worker --params FILE --out F``.
+
+The train stage starts it (:mod:`eagle3_pipeline.train.launch`) with the exact resolved
+config as the params file. Rank 0 writes the metrics it computed to ``--out``; the stage
+adds the NVML reading taken after all workers exited and writes metrics/train.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from eagle3_pipeline.core.config import load_config
+from eagle3_pipeline.core.errors import ConfigError, StageError
+from eagle3_pipeline.core.io import atomic_write_json
+from eagle3_pipeline.core.logs import setup_logging
+from eagle3_pipeline.train.run import train
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Train as one rank; a user error is one ``error: train:`` line and exit code 1."""
+    parser = argparse.ArgumentParser(prog="eagle3_pipeline.train.worker")
+    parser.add_argument("--params", required=True)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    setup_logging()
+    cfg = load_config(params=args.params)
+    try:
+        metrics = train(cfg)
+    except (ConfigError, StageError, FileNotFoundError) as exc:
+        print(f"error: train: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+    if metrics:
+        atomic_write_json(args.out, metrics)
+
+
+if __name__ == "__main__":
+    main()
