@@ -22,7 +22,7 @@ from eagle3_pipeline.preflight.gpu import (
     select_visible,
 )
 from eagle3_pipeline.preflight.hardware import TorchView
-from eagle3_pipeline.preflight.result import render
+from eagle3_pipeline.preflight.result import render_preflight
 from eagle3_pipeline.preflight.run import run_preflight
 
 REPO = Path(__file__).resolve().parents[1]
@@ -80,7 +80,7 @@ def test_eight_idle_blackwells_pass(tmp_path):
     m = res.metrics
     assert m["passed"] is True and m["gpu_count_visible"] == 8
     assert m["gpus"][3]["uuid"].startswith("GPU-03") and m["snapshot"]["mode"] == "cuda"
-    table = render(res)
+    table = render_preflight(res)
     assert "preflight passed" in table and "97,887 MiB" in table
 
 
@@ -107,7 +107,7 @@ def test_busy_gpu_with_a_foreign_process_fails_with_an_actionable_line(tmp_path)
         ]
     }
     assert res.metrics["passed"] is False and res.metrics["failures"] == 1
-    assert "FAIL: GPU 3: 41,210 MiB used by pid 8812 (python)" in render(res)
+    assert "FAIL: GPU 3: 41,210 MiB used by pid 8812 (python)" in render_preflight(res)
 
 
 def test_memory_held_by_processes_not_visible_here(tmp_path):

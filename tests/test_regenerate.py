@@ -19,7 +19,7 @@ from eagle3_pipeline.data.conversations import end_of_turn_ids, load_tokenizer, 
 from eagle3_pipeline.data.corpus import builtin_conversations
 from eagle3_pipeline.data.regenerate import (
     GenerationCache,
-    Reasoning,
+    ReasoningMarkers,
     plan_turns,
     regenerate_rows,
 )
@@ -82,7 +82,7 @@ def test_hf_rows_are_the_targets_own_greedy_continuation(target, convs, hf_rows)
     by_conv: dict[str, list] = {}
     for r in rows:
         by_conv.setdefault(r.conversation, []).append(r)
-    think = Reasoning(tok)
+    think = ReasoningMarkers(tok)
     for c in convs[:3]:
         first, second = by_conv[c["id"]]
         msgs = c["messages"]
@@ -115,10 +115,10 @@ def test_cache_resumes_without_generating_again(target, convs, hf_rows, tmp_path
 def test_reasoning_drop_cuts_between_the_markers_at_token_level(target):
     _, tok, eot, _ = target
     ids = tok("<think>so I think</think>Answer.<|im_end|>", add_special_tokens=False)["input_ids"]
-    cut = Reasoning(tok, "drop").supervised(ids)
+    cut = ReasoningMarkers(tok, "drop").supervised(ids)
     assert tok.decode(cut) == "<think></think>Answer.<|im_end|>"
-    assert Reasoning(tok, "keep").supervised(ids) == ids
-    msg = Reasoning(tok).message(ids, eot)
+    assert ReasoningMarkers(tok, "keep").supervised(ids) == ids
+    msg = ReasoningMarkers(tok).message(ids, eot)
     assert msg == {"role": "assistant", "content": "Answer.", "reasoning_content": "so I think"}
 
 

@@ -140,7 +140,7 @@ def plan_turns(
 
 
 @dataclass
-class Reasoning:
+class ReasoningMarkers:
     """Token-level handling of the ``<think>...</think>`` block in generated ids."""
 
     tokenizer: Any
@@ -211,7 +211,7 @@ class _Rounds:
     which conversations still have a turn to generate. One round = one turn of each."""
 
     def __init__(self, convs: list[dict[str, Any]], backend: Backend, tokenizer: Any,
-                 eot_ids: list[int], max_seq_len: int, think: Reasoning,
+                 eot_ids: list[int], max_seq_len: int, think: ReasoningMarkers,
                  cache: GenerationCache, progress: bool) -> None:
         from tqdm import tqdm
 
@@ -301,7 +301,7 @@ def regenerate_rows(
     that already fills ``max_seq_len`` stops it too (nothing left to supervise).
     """
     cache = cache or GenerationCache(None)
-    think = Reasoning(tokenizer, reasoning)
+    think = ReasoningMarkers(tokenizer, reasoning)
     t0 = time.perf_counter()
     state = _Rounds(convs, backend, tokenizer, eot_ids, max_seq_len, think, cache, progress)
     active = state.first()

@@ -18,7 +18,7 @@ from typing import Any
 from eagle3_pipeline.core.config import Config, ConfigError
 from eagle3_pipeline.core.errors import StageError
 from eagle3_pipeline.extract.fingerprint import check_prepared_tokenizer, tokenizer_sha256
-from eagle3_pipeline.extract.layout import MANIFEST, output_dir, prepared_dir, target_json_path
+from eagle3_pipeline.extract.layout import MANIFEST, output_dir, prepared_rows_dir, target_json_path
 from eagle3_pipeline.extract.manifest import (
     check_manifest,
     existing_files,
@@ -94,10 +94,10 @@ def begin(cfg: Config, backend: str) -> Extraction:
     if not model_dir.is_dir():
         raise StageError(f"target.json: path={spec.path}: model directory not found")
     tok_sha = tokenizer_sha256(model_dir)
-    check_prepared_tokenizer(prepared_dir(cfg), tok_sha)
+    check_prepared_tokenizer(prepared_rows_dir(cfg), tok_sha)
     out = output_dir(cfg)
     old_count = manifest_count(out)
-    rows = load_rows(prepared_dir(cfg), spec.vocab_size, prefix_at=[old_count] if old_count else [])
+    rows = load_rows(prepared_rows_dir(cfg), spec.vocab_size, prefix_at=[old_count] if old_count else [])
     created = _prepare_output(out)
     remove_stale_temps(out)
     key = manifest_key(spec, model_dir, cfg.extract.dtype, backend, tok_sha)
@@ -118,7 +118,7 @@ def bytes_needed(rows: Rows, todo: Sequence[int], n_layers: int, hidden: int, dt
     return sum(rows.lengths[i] * per_token + 512 for i in todo)
 
 
-def check_disk(out: Path, need: int) -> None:
+def check_output_disk(out: Path, need: int) -> None:
     """Refuse before computing rather than fail on a full disk hours later."""
     free = shutil.disk_usage(out).free
     if need > free:

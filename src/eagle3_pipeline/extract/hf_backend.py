@@ -20,7 +20,7 @@ from eagle3_pipeline.extract.extraction import (
     Extraction,
     begin,
     bytes_needed,
-    check_disk,
+    check_output_disk,
     cleanup_if_empty,
     peak_rss_bytes,
 )
@@ -74,7 +74,7 @@ def extract_hf(cfg: Config, progress: bool = True) -> dict[str, Any]:
     timings = Timings()
     stats: dict[str, Any] = {"tokens_computed": 0, "padded_tokens": 0}
     try:
-        check_disk(ex.out, bytes_needed(ex.rows, work.rows_todo(), n_layers, spec.hidden_size, e.dtype))
+        check_output_disk(ex.out, bytes_needed(ex.rows, work.rows_todo(), n_layers, spec.hidden_size, e.dtype))
         lm = None
         if work.todo:
             lm = load_language_model(

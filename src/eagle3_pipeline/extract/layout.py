@@ -30,7 +30,7 @@ def target_json_path(cfg: Config) -> Path:
     return Path(cfg.paths.target) / "target.json"
 
 
-def prepared_dir(cfg: Config) -> Path:
+def prepared_rows_dir(cfg: Config) -> Path:
     return Path(cfg.paths.prepared)
 
 

@@ -31,7 +31,7 @@ from eagle3_pipeline.extract.extraction import (
     Extraction,
     begin,
     bytes_needed,
-    check_disk,
+    check_output_disk,
     cleanup_if_empty,
     peak_rss_bytes,
 )
@@ -134,7 +134,7 @@ def extract_vllm(cfg: Config) -> dict[str, Any]:
     wrote_manifest = False
     timings = Timings()
     try:
-        check_disk(out, bytes_needed(rows, todo, n_layers, spec.hidden_size, cfg.extract.dtype))
+        check_output_disk(out, bytes_needed(rows, todo, n_layers, spec.hidden_size, cfg.extract.dtype))
         write_manifest(out, ex.key, rows, {"plan": {"vllm_layer_ids": vllm_layer_ids(spec)}})
         wrote_manifest = True
         staging = out / STAGING

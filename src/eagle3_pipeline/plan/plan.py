@@ -223,7 +223,7 @@ def _count(n: float) -> str:
     return f"{n / 1e9:,.1f} B" if n >= 1e9 else f"{n / 1e6:,.2f} M"
 
 
-def render(plan: Plan) -> str:
+def render_plan(plan: Plan) -> str:
     """The human-readable table."""
     d = plan.data
     t, s, dr, tm = d["target"], d["storage"], d["draft"], d["time"]
@@ -357,7 +357,7 @@ def main(argv: list[str] | None = None, free_fn: FreeBytesFn = free_bytes) -> in
         return 2
     out = Path(args.out) if args.out else Path(cfg.data_dir) / "plan"
     atomic_write_json(out / "plan.json", plan.data)
-    print(render(plan))
+    print(render_plan(plan))
     print(f"wrote {out / 'plan.json'}")
     if plan.problems and args.strict:
         return 1

@@ -81,7 +81,7 @@ def _gpu_table(visible: list[VisibleGpu]) -> list[str]:
     return [*lines, ""]
 
 
-def render(result: PreflightResult) -> str:
+def render_preflight(result: PreflightResult) -> str:
     """The table printed on success and on failure, then one line per problem."""
     lines = _gpu_table(result.visible) if result.visible else []
     width = max(len(c.name) for c in result.checks)

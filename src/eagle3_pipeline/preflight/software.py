@@ -7,10 +7,10 @@ probed through that environment's interpreter, never imported here.
 
 from __future__ import annotations
 
-import importlib.metadata
 from typing import Any
 
 from eagle3_pipeline.core.config import Config
+from eagle3_pipeline.core.versions import installed_versions
 from eagle3_pipeline.preflight.result import Check
 
 # Installed-version requirements checked from package metadata (pyproject.toml's ranges).
@@ -23,13 +23,8 @@ PACKAGES: dict[str, str] = {
 
 
 def package_versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {}
-    for name in PACKAGES:
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = None
-    return out
+    """Versions of the packages preflight checks (:data:`PACKAGES`)."""
+    return installed_versions(PACKAGES)
 
 
 def _version_in(version: str, spec: str) -> bool:

@@ -12,7 +12,7 @@ import logging
 
 from eagle3_pipeline.core.config import Config, metrics_path
 from eagle3_pipeline.core.errors import StageError
-from eagle3_pipeline.preflight.result import render
+from eagle3_pipeline.preflight.result import render_preflight
 from eagle3_pipeline.preflight.run import check_machine
 from eagle3_pipeline.stages.runner import run_stage
 
@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 def run(cfg: Config) -> None:
     result = check_machine(cfg, metrics_path(cfg, "preflight"))
-    print(render(result), flush=True)
+    print(render_preflight(result), flush=True)
     if result.passed:
         return
     n = len(result.problems)

@@ -11,12 +11,12 @@ from typing import Any
 from eagle3_pipeline.core.config import TrainConfig
 from eagle3_pipeline.targets.adapter import TargetSpec
 from eagle3_pipeline.train.distributed import Dist, all_reduce_ints
-from eagle3_pipeline.train.plan import Plan
+from eagle3_pipeline.train.plan import TrainPlan
 
 log = logging.getLogger(__name__)
 
 
-def load_split(plan: Plan, t: TrainConfig, split: str, hs_dtype: Any) -> Any:
+def load_split(plan: TrainPlan, t: TrainConfig, split: str, hs_dtype: Any) -> Any:
     """The ``train`` or ``val`` rows (``train.val_fraction`` of them are held out)."""
     from eagle3_pipeline.compat.speculators import strict_hidden_states_dataset
 

@@ -17,7 +17,7 @@ from eagle3_pipeline.targets.adapter import TargetSpec
 from eagle3_pipeline.train.errors import TrainingError
 
 
-def target_dir(spec: TargetSpec) -> Path:
+def target_model_dir(spec: TargetSpec) -> Path:
     """The local target directory (embeddings, lm_head, final norm are read from it)."""
     if not spec.path:
         raise TrainingError("target.json has no local path: training needs the target's "

@@ -37,9 +37,9 @@ from eagle3_pipeline.train.distributed import (
     wrap_parallel,
 )
 from eagle3_pipeline.train.errors import SimulatedFailure
-from eagle3_pipeline.train.inputs import target_dir
+from eagle3_pipeline.train.inputs import target_model_dir
 from eagle3_pipeline.train.metrics import accumulate, summarize
-from eagle3_pipeline.train.plan import Plan
+from eagle3_pipeline.train.plan import TrainPlan
 from eagle3_pipeline.train.plots import History
 from eagle3_pipeline.train.runtime import cuda_attention, cuda_loss
 from eagle3_pipeline.train.state import load_state, save_state
@@ -82,7 +82,7 @@ def build_optimizer(model: Any, t: TrainConfig, total_steps: int) -> tuple[Any, 
 class DraftTrainer:
     """One training run (one process, or one torchrun rank)."""
 
-    def __init__(self, cfg: Config, plan: Plan, d: Dist, progress: bool = True) -> None:
+    def __init__(self, cfg: Config, plan: TrainPlan, d: Dist, progress: bool = True) -> None:
         import torch
 
         self.cfg, self.plan, self.d, self.progress = cfg, plan, d, progress
@@ -129,7 +129,7 @@ class DraftTrainer:
             freq, self.t.draft_vocab_size, p.spec.vocab_size, list(p.required_tokens.values())
         )
         model = build_draft(
-            p.spec, p.shape, self.k, self.t.draft_vocab_size, d2t, t2d, target_dir(p.spec),
+            p.spec, p.shape, self.k, self.t.draft_vocab_size, d2t, t2d, target_model_dir(p.spec),
             self.attn, norm_before_residual=self.t.draft.norm_before_residual,
         )
         return model.to(self.device)

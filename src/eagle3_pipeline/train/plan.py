@@ -16,7 +16,7 @@ from eagle3_pipeline.core.config import Config, metrics_path
 from eagle3_pipeline.draft.shape import DraftShape, check_train_config, special_token_ids
 from eagle3_pipeline.targets.adapter import TargetSpec, load_target_spec
 from eagle3_pipeline.train.errors import TrainingError
-from eagle3_pipeline.train.inputs import check_hidden_states, count_rows, target_dir
+from eagle3_pipeline.train.inputs import check_hidden_states, count_rows, target_model_dir
 from eagle3_pipeline.train.runtime import Runtime, choose_parallel, resolve_runtime
 
 
@@ -45,7 +45,7 @@ class TrainPaths:
 
 
 @dataclass
-class Plan:
+class TrainPlan:
     """Everything checked before any training starts (the stage checks it before launching)."""
 
     spec: TargetSpec
@@ -58,7 +58,7 @@ class Plan:
     parallel_reason: str = "one process"
 
 
-def plan_training(cfg: Config, paths: TrainPaths | None = None) -> Plan:
+def plan_training(cfg: Config, paths: TrainPaths | None = None) -> TrainPlan:
     """Check the config and every input; :class:`TrainingError` or ``ConfigError`` names
     the first problem."""
     paths = paths or TrainPaths.from_config(cfg)
@@ -68,7 +68,7 @@ def plan_training(cfg: Config, paths: TrainPaths | None = None) -> Plan:
     nodes = max(1, cfg.hardware.nodes) if runtime.device == "cuda" else 1
     mode, reason = choose_parallel(cfg, shape, spec, runtime.world_size * nodes)
     runtime = replace(runtime, parallel=mode)
-    tdir = target_dir(spec)
+    tdir = target_model_dir(spec)
     n_rows = count_rows(paths.prepared)
     n_val = n_rows - int(n_rows * (1 - cfg.train.val_fraction))
     if n_val < 1 or n_rows - n_val < 1:
@@ -79,7 +79,7 @@ def plan_training(cfg: Config, paths: TrainPaths | None = None) -> Plan:
     check_hidden_states(paths.hidden_states, spec, n_rows)
     required = special_token_ids(tdir)
     fp = fingerprint(cfg, spec, shape, n_rows, runtime)
-    return Plan(spec, shape, runtime, paths, n_rows, required, fp, reason)
+    return TrainPlan(spec, shape, runtime, paths, n_rows, required, fp, reason)
 
 
 def fingerprint(cfg: Config, spec: TargetSpec, shape: DraftShape, n_rows: int,

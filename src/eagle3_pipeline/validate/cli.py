@@ -35,7 +35,7 @@ def _parse_ids(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated ints") from None
 
 
-def resolve_target(arg: str) -> TargetSpec:
+def spec_for_target_arg(arg: str) -> TargetSpec:
     """target.json, a directory holding one, or a model directory (described on the fly)."""
     path = Path(arg)
     if path.is_file():
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = None
     if args.target:
         try:
-            spec = resolve_target(args.target)
+            spec = spec_for_target_arg(args.target)
         except ConfigError as exc:
             print(f"error: --target: {exc}", file=sys.stderr)
             return 2

@@ -11,20 +11,9 @@ this point and nowhere else; written by hand they go stale.
 from __future__ import annotations
 
 import io
-from importlib import metadata
 from typing import Any
 
 PACKAGES = ("eagle3-pipeline", "speculators", "torch", "transformers", "vllm", "dvc")
-
-
-def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str | None]:
-    out: dict[str, str | None] = {}
-    for name in names:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
-    return out
 
 
 def _fmt(value: Any, digits: int = 3) -> str:

@@ -178,8 +178,9 @@ def check_vllm_agreement(vllm: dict[str, Any], dtype: str, cfg: Config) -> None:
 def validate_draft(cfg: Config, device: str, dtype: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """Check and measure the draft (``device``/``dtype`` from :func:`runtime`); return
     ``(metrics, context)``: metrics for metrics/validate.json, context for the report."""
+    from eagle3_pipeline.core.versions import installed_versions
     from eagle3_pipeline.targets.adapter import load_target_spec
-    from eagle3_pipeline.validate.report import package_versions
+    from eagle3_pipeline.validate.report import PACKAGES
 
     p = paths(cfg)
     if not p["target_json"].is_file():
@@ -252,7 +253,7 @@ def validate_draft(cfg: Config, device: str, dtype: str) -> tuple[dict[str, Any]
         "data": {"source": cfg.data.source, "path": cfg.data.path,
                  "license": data_licence(cfg), "regenerate": cfg.data.regenerate},
         "train": {**draft_summary(p["draft"]), "samples": cfg.train.samples},
-        "versions": package_versions(),
+        "versions": installed_versions(PACKAGES),
     }
     return metrics, context
 
