@@ -321,14 +321,7 @@ def _check_layer_dims(report: Report, tlc: dict[str, Any]) -> dict[str, Any]:
     inter = _require(report, tlc, "intermediate_size", f"{TLC}.intermediate_size", "int")
     vocab = _require(report, tlc, "vocab_size", f"{TLC}.vocab_size", "int")
     _require(report, tlc, "rms_norm_eps", f"{TLC}.rms_norm_eps", "number")
-    kv_heads = tlc.get("num_key_value_heads", heads)
-    if kv_heads is not None and not _is_int(kv_heads):
-        report.error(
-            "field-type",
-            f"config.json:{TLC}.num_key_value_heads",
-            f"must be an int, got {kv_heads!r}",
-        )
-        kv_heads = None
+    kv_heads = _optional_int(report, tlc, "num_key_value_heads", heads)
     head_dim = _check_head_dim(report, tlc, hidden, heads)
     if _is_int(layers) and layers < 1:
         report.error(
@@ -344,6 +337,15 @@ def _check_layer_dims(report: Report, tlc: dict[str, Any]) -> dict[str, Any]:
         "intermediate": inter,
         "vocab": vocab,
     }
+
+
+def _optional_int(report: Report, tlc: dict[str, Any], key: str, default: Any) -> Any:
+    """``tlc[key]`` (or ``default``) when it is an int or absent; else an error and None."""
+    value = tlc.get(key, default)
+    if value is not None and not _is_int(value):
+        report.error("field-type", f"config.json:{TLC}.{key}", f"must be an int, got {value!r}")
+        return None
+    return value
 
 
 def _check_head_dim(
@@ -392,14 +394,7 @@ def _check_aux_count(report: Report, tlc: dict[str, Any], aux: list[int] | None)
     path does not copy the aux ids into eagle_config), default 3.
     """
     n_aux = len(aux) if aux is not None else None
-    nah = tlc.get("num_aux_hidden_states")
-    if nah is not None and not _is_int(nah):
-        report.error(
-            "field-type",
-            f"config.json:{TLC}.num_aux_hidden_states",
-            f"must be an int, got {nah!r}",
-        )
-        nah = None
+    nah = _optional_int(report, tlc, "num_aux_hidden_states", None)
     vllm_n_aux = nah if nah is not None else VLLM_DEFAULT_NUM_AUX
     report.facts["vllm_num_aux"] = vllm_n_aux
     if n_aux is not None and vllm_n_aux != n_aux:
