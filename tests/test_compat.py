@@ -235,3 +235,51 @@ def test_stock_trainer_runs_a_step_on_cpu(saved) -> None:
         trainer.train_epoch(0)
     assert trainer.global_step == 1
     assert not torch.equal(before, model.fc.weight.detach())
+
+
+def test_speculators_offline_client_sends_the_api_key(tmp_path: Path) -> None:
+    """speculators' ``generate-offline-data`` hard-codes ``api_key="EMPTY"``; run through
+    ``compat.offline_client`` it sends the per-run key from the environment instead. A real
+    localhost server records the Authorization header of each client's first request."""
+    import http.server
+    import os
+    import subprocess
+    import sys
+    import threading
+
+    from datasets import Dataset
+
+    from eagle3_pipeline.compat.offline_client import KEY_ENV, MODULE
+
+    seen: list[str | None] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            seen.append(self.headers.get("Authorization"))
+            body = b'{"object": "list", "data": []}'  # the client then stops: no model
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    data = tmp_path / "prepared"
+    Dataset.from_dict({"input_ids": [[1, 2, 3]], "loss_mask": [[0, 1, 1]]}).save_to_disk(data)
+    argv = ["generate-offline-data", "--endpoint", f"http://127.0.0.1:{httpd.server_port}/v1",
+            "--preprocessed-data", str(data), "--output", str(tmp_path / "hs")]
+    try:
+        for key in ("run-key-123", None):
+            env = {k: v for k, v in os.environ.items() if k != KEY_ENV}
+            if key:
+                env[KEY_ENV] = key
+            out = subprocess.run([sys.executable, "-m", MODULE, *argv], env=env,
+                                 capture_output=True, text=True, timeout=300)
+            assert out.returncode != 0 and "No models found" in out.stdout + out.stderr
+    finally:
+        httpd.shutdown()
+    assert seen == ["Bearer run-key-123", "Bearer EMPTY"], seen

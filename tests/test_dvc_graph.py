@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from workdirs import repo_copy
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
@@ -152,14 +153,7 @@ def _stale(cwd: Path) -> set[str]:
 def locked_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A copy of the repository's tracked files whose dvc.lock records the current code,
     with placeholder outputs (only dependencies are under test here)."""
-    root = tmp_path_factory.mktemp("repo")
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT,
-                           capture_output=True, text=True, check=True).stdout.split()
-    for rel in files:
-        if (ROOT / rel).is_file():
-            (root / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / rel, root / rel)
-    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    root = repo_copy(tmp_path_factory.mktemp("repo"))
     params = _params()
     for spec in _graph().values():
         for kind in ("outs", "metrics", "plots"):
@@ -198,3 +192,43 @@ def test_editing_a_module_stales_the_stages_that_run_it(
     finally:
         path.write_text(original, encoding="utf-8")
     assert _stale(locked_copy) <= {"preflight"}
+
+
+# --------------------------------------------------------------------------- local target
+
+
+def _repro(cwd: Path, stage: str) -> str:
+    out = _dvc(cwd, "repro", stage)
+    ran = f"Running stage '{stage}'" in out
+    assert ran or f"Stage '{stage}' didn't change" in out, out[-2000:]
+    return "ran" if ran else "skipped"
+
+
+def test_a_local_target_changed_in_place_reruns_the_graph(
+    tiny_target: Path, tmp_path: Path
+) -> None:
+    """With ``model.path`` the checkpoint lives outside the repo. Preflight fingerprints it
+    (small files by content, shards by size and mtime) into a file the target stage depends
+    on: an unchanged checkpoint reruns nothing, a changed shard or tokenizer reruns target."""
+    import json
+
+    local = tmp_path / "checkpoint"
+    shutil.copytree(tiny_target / "data/target/model", local)
+    repo = repo_copy(tmp_path / "repo")
+    subprocess.run([sys.executable, "-m", "eagle3_pipeline.core.compose", "model.tiny=null",
+                    f"model.path={local}", "validate.vllm=false"], cwd=repo, check=True,
+                   capture_output=True)
+    assert _repro(repo, "target") == "ran"
+    fp = json.loads((repo / "data/preflight/target_fingerprint.json").read_text())
+    assert fp["mode"] == "stat" and "sha256" in fp["files"]["config.json"]
+    assert set(fp["files"]["model-00001-of-00006.safetensors"]) == {"size", "mtime_ns"}
+    assert _repro(repo, "target") == "skipped"
+
+    with open(local / "model-00006-of-00006.safetensors", "ab") as fh:  # weights changed in place
+        fh.write(b"\0" * 8)
+    assert _repro(repo, "target") == "ran"
+    assert _repro(repo, "target") == "skipped"
+
+    tok = local / "tokenizer_config.json"
+    tok.write_text(tok.read_text() + "\n")  # same size class, new content
+    assert _repro(repo, "target") == "ran"

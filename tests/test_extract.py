@@ -370,7 +370,8 @@ def test_vllm_client_command(tiny_target):
     spec = load_target_spec(tiny_target / "data/target/target.json")
     cfg = config(tiny_target, "hardware=rtx_pro_6000_x8", "extract.backend=vllm")
     client = V.client_command(cfg, spec, Path("/d/prepared"), Path("/d/hs"))
-    assert client[1:4] == ["-m", "speculators", "generate-offline-data"]
+    # speculators' client, run through the shim that makes it send the server's API key
+    assert client[1:4] == ["-m", "eagle3_pipeline.compat.offline_client", "generate-offline-data"]
     for flag, value in (("--preprocessed-data", "/d/prepared"), ("--output", "/d/hs"),
                         ("--model", spec.name), ("--rank", "0"), ("--world-size", "1")):
         assert client[client.index(flag) + 1] == value

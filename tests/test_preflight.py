@@ -268,11 +268,15 @@ def test_disk_too_small(tmp_path):
     assert res.metrics["disk"]["bytes_per_token"] == 4 * 128 * 2
 
 
-def test_disk_estimate_failure_is_a_failed_check(tmp_path, monkeypatch):
+def test_a_target_that_cannot_be_found_is_the_failed_check(tmp_path, monkeypatch):
+    """Not a failed disk estimate: the disk check, which reads the target's config, is
+    not run at all."""
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
     cfg = cfg_for(tmp_path, "model=kimi_k25")
-    (line,) = failed(run(cfg, [], open_nvml=_no_driver))["disk"]
-    assert "pass model.path=DIR" in line
+    fails = failed(run(cfg, [], open_nvml=_no_driver))
+    (line,) = fails["target"]
+    assert "model.hub_id=moonshotai/Kimi-K2.5" in line and "model.path" in line
+    assert "disk" not in fails
 
 
 # --------------------------------------------------------------------------- CPU mode
@@ -288,7 +292,7 @@ def test_cpu_mode_passes_for_the_cpu_profile(tmp_path):
     )
     assert res.passed and res.mode == "cpu" and res.inventory == {"mode": "cpu"}
     # the real vLLM environment, probed: the CPU build, its CLI answering
-    assert [c.name for c in res.checks] == ["driver", "packages", "disk", "vllm"]
+    assert [c.name for c in res.checks] == ["target", "driver", "packages", "disk", "vllm"]
     assert res.metrics["vllm"]["cpu_build"] is True and res.metrics["vllm"]["cli_version"]
 
 

@@ -18,6 +18,7 @@ import pytest
 from eagle3_pipeline.data.conversations import end_of_turn_ids, load_tokenizer, render_ids
 from eagle3_pipeline.data.corpus import builtin_conversations
 from eagle3_pipeline.data.regenerate import (
+    Generation,
     GenerationCache,
     ReasoningMarkers,
     plan_turns,
@@ -25,6 +26,7 @@ from eagle3_pipeline.data.regenerate import (
 )
 from eagle3_pipeline.data.regenerate_hf import HFBackend
 from eagle3_pipeline.data.regenerate_server import ServerBackend, ServerUnavailable
+from eagle3_pipeline.serving.identity import ExpectedModel, ServerIdentityError, expected_model
 from eagle3_pipeline.targets.tiny import load_target_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -139,13 +141,14 @@ def test_plan_turns_regenerates_after_each_user_segment():
 
 
 class ChatServer:
-    """The tiny target behind /v1/models and /v1/chat/completions (``return_token_ids``
-    as vLLM answers it), with faults chosen by a word in the last user message: FAIL500
+    """The tiny target behind /v1/models, /tokenize and /v1/chat/completions
+    (``return_token_ids`` as vLLM answers it; an API key on /v1 when ``api_key``), with faults chosen by a word in the last user message: FAIL500
     (always 500), FLAKY (503 on the first attempt), SLOW (sleeps past the client's
     timeout), NOIDS (a response without token ids), BADREQ (400, not retried)."""
 
-    def __init__(self, model_dir: Path, tok, eot, model) -> None:
+    def __init__(self, model_dir: Path, tok, eot, model, api_key: str | None = None) -> None:
         self.tok, self.eot, self.model = tok, eot, model
+        self.model_dir, self.api_key = model_dir, api_key
         self.lock = threading.Lock()
         self.attempts: Counter[str] = Counter()
         server = self
@@ -165,14 +168,31 @@ class ChatServer:
                 except (BrokenPipeError, ConnectionResetError):
                     pass
 
+            def _authorized(self) -> bool:
+                if server.api_key is None or not self.path.startswith("/v1"):
+                    return True
+                if self.headers.get("Authorization") == f"Bearer {server.api_key}":
+                    return True
+                self._send(401, {"error": "Unauthorized"})
+                return False
+
             def do_GET(self) -> None:
+                if not self._authorized():
+                    return
                 if self.path == "/v1/models":
-                    self._send(200, {"object": "list", "data": [{"id": "tiny-kimi"}]})
+                    self._send(200, {"object": "list", "data": [
+                        {"id": "tiny-kimi", "root": str(server.model_dir)}]})
                 else:
                     self._send(404, {"error": "not found"})
 
             def do_POST(self) -> None:
                 req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if not self._authorized():
+                    return
+                if self.path == "/tokenize":
+                    ids = server.tok(req["prompt"], add_special_tokens=req["add_special_tokens"])
+                    self._send(200, {"tokens": ids["input_ids"]})
+                    return
                 code, obj = server.answer(req)
                 self._send(code, obj)
 
@@ -234,14 +254,20 @@ def server(target):
         yield s
 
 
+def _expected(target) -> Any:
+    model_dir, tok, _, _ = target
+    return expected_model(f"tiny kimi ({model_dir})", ("tiny-kimi-k25", model_dir), tok)
+
+
 def _user(content: str, cid: str) -> dict[str, Any]:
     return {"id": cid, "messages": [{"role": "user", "content": content}]}
 
 
 def test_server_rows_equal_the_hf_rows_token_for_token(target, convs, hf_rows, server):
     _, tok, eot, _ = target
-    backend = ServerBackend(server.url, MAX_NEW, concurrency=3, timeout_s=30, backoff_s=0.01)
-    assert backend.model == "tiny-kimi"  # detected from /v1/models
+    backend = ServerBackend(server.url, MAX_NEW, expected=_expected(target), concurrency=3,
+                            timeout_s=30, backoff_s=0.01)
+    assert backend.model == "tiny-kimi"  # found in /v1/models by its path
     rows, stats = regenerate_rows(convs, backend, tok, eot, 512, progress=False)
     assert not stats.errors and stats.prompt_mismatch == 0
     assert [(r.conversation, r.context, r.completion) for r in rows] == [
@@ -264,7 +290,8 @@ def test_server_failures_are_counted_never_empty_answers(target, convs, server):
         ]},
     ]  # fmt: skip
     backend = ServerBackend(
-        server.url, MAX_NEW, concurrency=4, timeout_s=1.0, retries=1, backoff_s=0.01
+        server.url, MAX_NEW, expected=_expected(target), concurrency=4, timeout_s=1.0,
+        retries=1, backoff_s=0.01,
     )
     rows, stats = regenerate_rows([*bad, convs[3]], backend, tok, eot, 512, progress=False)
     assert dict(stats.errors) == {
@@ -278,12 +305,46 @@ def test_server_failures_are_counted_never_empty_answers(target, convs, server):
     assert all(r.completion for r in rows)
 
 
-def test_unreachable_server_is_a_clear_error():
+def test_unreachable_server_is_a_clear_error(target):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with pytest.raises(ServerUnavailable, match=f"127.0.0.1:{port}.*is the server up"):
-        ServerBackend(f"http://127.0.0.1:{port}/v1", 8, timeout_s=2)
+        ServerBackend(f"http://127.0.0.1:{port}/v1", 8, expected=_expected(target), timeout_s=2)
+
+
+def test_a_server_serving_another_model_is_refused(target, server):
+    """A server at base_url that serves something else (another vLLM on the default
+    port) never produces training data: wrong names, or the right name with another
+    tokenizer, are refused naming both models."""
+    model_dir, tok, _, _ = target
+    other = expected_model("tiny llama (/models/llama)", ("tiny-llama", "/models/llama"), tok)
+    with pytest.raises(ServerIdentityError, match=r"serves tiny-kimi \(.*\), not the target "
+                       r"tiny llama \(/models/llama\)"):
+        ServerBackend(server.url, 8, expected=other)
+    with pytest.raises(ServerIdentityError, match="does not serve a model named 'llama'"):
+        ServerBackend(server.url, 8, expected=_expected(target), model="llama")
+    # the tiny targets share one tokenizer, so another tokenizer's ids are made up here
+    ids = expected_model("", (), tok).probe_ids
+    assert ids is not None
+    same_name = ExpectedModel("tiny kimi", ("tiny-kimi",), tuple(reversed(ids)))
+    with pytest.raises(ServerIdentityError, match="tiny-kimi tokenizes differently from the "
+                       "target tiny kimi"):
+        ServerBackend(server.url, 8, expected=same_name)
+
+
+def test_the_api_key_of_a_users_server_is_sent(target):
+    """A key-protected server: requests carry the key from ``data.server.api_key_env``;
+    without it the refusal says the key was rejected."""
+    model_dir, tok, eot, model = target
+    with ChatServer(model_dir, tok, eot, model, api_key="s3cret") as keyed:
+        with pytest.raises(ServerIdentityError, match="HTTP 401.*rejects this run's API key"):
+            ServerBackend(keyed.url, 8, expected=_expected(target))
+        backend = ServerBackend(keyed.url, MAX_NEW, expected=_expected(target),
+                                api_key="s3cret", timeout_s=30)
+        assert backend.model == "tiny-kimi"
+        out = backend.request([{"role": "user", "content": "What is a list?"}])
+        assert isinstance(out, Generation) and out.token_ids, out
 
 
 # --------------------------------------------------------------------------- the stage
@@ -308,3 +369,4 @@ def test_stage_regenerates_through_the_server_backend(tiny_target, server, tmp_p
     m2 = prepare(load_config(common), progress=False)  # hf: a separate cache, same tokens
     assert m2["backend"] == "hf" and m2["regeneration"]["cached"] == 0
     assert load_from_disk(str(prepared_dir(cfg))).with_format(None)[:] == server_rows
+

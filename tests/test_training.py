@@ -418,3 +418,86 @@ def test_parallel_mode_selection() -> None:
     cfg.train.nproc, cfg.train.parallel = None, "zero3"
     with pytest.raises(ConfigError, match="train.parallel='zero3'"):
         resolve_runtime(cfg)
+
+
+# --------------------------------------------------------------------------- signals
+
+
+def _start_stage(work: Path, args: list[str]) -> Any:
+    import subprocess
+    import sys
+
+    return subprocess.Popen(
+        [sys.executable, "-m", "eagle3_pipeline.stages.train", *args], cwd=work,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+
+
+def _wait_for_checkpoint(work: Path, proc: Any, step: int, timeout_s: float = 300.0) -> None:
+    import time
+
+    state = work / "data/train_state/state.json"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the stage ended (rc {proc.returncode}) before the signal: "
+                                 f"{proc.stderr.read()[-2000:]}")
+        if state.is_file() and json.loads(state.read_text())["global_step"] >= step:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"no checkpoint at step {step} within {timeout_s}s")
+
+
+def _assert_one_line_interrupt(stderr: str, sig: str) -> None:
+    assert "Traceback" not in stderr, stderr[-3000:]
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: train: interrupted by {sig};"), last
+    assert "rerun" in last
+
+
+def test_ctrl_c_prints_one_line_and_the_rerun_resumes(kimi_data: Path, run_in) -> None:
+    """SIGINT (Ctrl-C) mid-training: exit 130 with one line, no traceback; the rerun
+    resumes from the last checkpoint like after ``kill -9``."""
+    import signal
+
+    from eagle3_pipeline.stages.train import main
+
+    work = run_in(kimi_data)
+    args = [*REDUCED, "train.epochs=6", "train.checkpoint_every_steps=2"]
+    proc = _start_stage(work, args)
+    _wait_for_checkpoint(work, proc, 2)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr[-3000:]
+    _assert_one_line_interrupt(stderr, "SIGINT")
+    saved = json.loads((work / "data/train_state/state.json").read_text())["global_step"]
+    assert saved >= 2 and not (work / "data/draft").exists()
+
+    main(args)
+    m = json.loads((work / "metrics/train.json").read_text())
+    assert m["resumed"] and m["steps_this_run"] == m["steps"] - saved
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_torchrun_workers(kimi_data: Path, run_in) -> None:
+    """SIGTERM to the stage (DVC, a scheduler, ``kill``) while torchrun runs two workers:
+    one line, exit 143, and no process the stage started is left."""
+    import signal
+    import time
+
+    import psutil
+
+    work = run_in(kimi_data)
+    args = [*REDUCED, "train.epochs=6", "train.checkpoint_every_steps=2", "train.nproc=2"]
+    proc = _start_stage(work, args)
+    _wait_for_checkpoint(work, proc, 2)
+    children = psutil.Process(proc.pid).children(recursive=True)
+    assert len(children) >= 3, children  # torchrun + two workers
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 143, stderr[-3000:]
+    _assert_one_line_interrupt(stderr, "SIGTERM")
+    time.sleep(0.5)
+    alive = [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+    assert alive == [], alive

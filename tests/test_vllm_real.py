@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from test_extract import config, workdir_for
 
 from eagle3_pipeline.core.config import load_config
+from eagle3_pipeline.core.errors import StageError
 from eagle3_pipeline.extract import vllm_backend as V
 from eagle3_pipeline.extract.hf_backend import extract_hf
 from eagle3_pipeline.extract.rows import load_rows
@@ -165,6 +166,46 @@ def test_a_vllm_that_cannot_start_says_why_in_one_line(validate_workdir, tmp_pat
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        with pytest.raises(VllmError, match=r"(?i)address already in use.*\(log "):
+        with pytest.raises(VllmError, match=rf"validate.server.port={port}: port {port} on "
+                           r"127.0.0.1 is in use"):
             run_served(python, bad.__class__(**{**bad.to_dict(), "extra_args": []}), port,
                        prompts, 4, [], tmp_path / "port.log", 300, 10)
+
+
+def test_a_started_server_is_private_and_shown_to_serve_the_target(validate_workdir, tmp_path):
+    """``vllm serve`` as the stages start it: a per-run API key (requests without it get
+    401; it is on no command line and in no log), the served model checked by name and
+    token probe, another target refused naming both, and a second server on the same
+    port refused before it starts."""
+    import urllib.error
+    import urllib.request
+
+    from eagle3_pipeline.core.processes import group_members
+    from eagle3_pipeline.serving.identity import ServerIdentityError, expected_model, verify_server
+    from eagle3_pipeline.serving.server import engine_server
+
+    wd = validate_workdir
+    cfg = _in(wd, _load, [])
+    spec = load_target_spec(wd / "data/target/target.json")
+    spec = dataclasses.replace(spec, path=str(wd / spec.path))
+    engine = build_engine(cfg, spec, spec.path, "baseline", dtype="float32")
+    python, port, log = find_python(), _free_port(), tmp_path / "private.log"
+    with engine_server(engine, python, port, log, 600, 30) as server:
+        with pytest.raises(urllib.error.HTTPError) as denied:  # no key
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=30)
+        assert denied.value.code == 401
+        key = server.api_key
+        assert server.served_model == engine.served_model_name == spec.name
+        assert server.proc is not None
+        for pid in group_members(server.proc.pid):
+            assert key.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
+        other = expected_model("tiny llama (/models/llama)", ("tiny-llama", "/models/llama"))
+        with pytest.raises(ServerIdentityError, match=rf"serves {spec.name} \(.*\), not the "
+                           r"target tiny llama \(/models/llama\)"):
+            verify_server(f"{server.url}/v1", key, other)
+        with pytest.raises(StageError, match=rf"validate.server.port={port}: port {port} on "
+                           r"127.0.0.1 is in use"):
+            with engine_server(engine, python, port, tmp_path / "second.log", 600, 30,
+                               port_key="validate.server.port"):
+                pass
+    assert key not in log.read_text(errors="replace")

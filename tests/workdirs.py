@@ -5,9 +5,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import torch
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def make_workdir(tiny_target: Path, root: Path, n_prompts: int = 3) -> Path:
@@ -48,4 +51,21 @@ def make_workdir(tiny_target: Path, root: Path, n_prompts: int = 3) -> Path:
     (root / "metrics" / "train.json").write_text(json.dumps(
         {"gpu": {"mode": "not applicable", "reason": "trained on CPU"}, "seed": 0,
          "draft_vocab_size": 1024, "train_rows": 10}))
+    return root
+
+
+def repo_copy(root: Path, commit: bool = False) -> Path:
+    """The repository's tracked and untracked-but-not-ignored files, in a new git repo
+    (committed when ``commit``: ``dvc exp run`` needs a commit)."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.split()
+    for rel in files:
+        if (ROOT / rel).is_file():
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, root / rel)
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    if commit:
+        subprocess.run(["git", "add", "-A"], cwd=root, check=True)
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm",
+                        "copy"], cwd=root, check=True)
     return root

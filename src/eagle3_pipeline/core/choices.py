@@ -114,3 +114,11 @@ class Parallel(Choice):
 class VllmMode(Choice):
     offline = "offline"  # vllm.LLM in a worker process
     serve = "serve"  # vllm serve + HTTP (validate.server)
+
+
+class FingerprintMode(Choice):
+    """How a local target's weight shards enter its fingerprint (small files always by
+    content): ``stat`` by size and modification time, ``content`` by SHA-256."""
+
+    stat = "stat"
+    content = "content"

@@ -30,6 +30,7 @@ from eagle3_pipeline.core.choices import (
     DraftLayerType,
     Dtype,
     ExtractBackend,
+    FingerprintMode,
     Interconnect,
     LossImplementation,
     OnError,
@@ -109,6 +110,10 @@ class ModelConfig:
     hub_id: str | None = None
     revision: str | None = None
     trust_remote_code: bool = False
+    # How a local target's weight shards are fingerprinted on every run (config and
+    # tokenizer files always by content): stat = size + mtime (a touch reruns the graph),
+    # content = SHA-256, each changed shard read once.
+    fingerprint: FingerprintMode = FingerprintMode.stat
     # Residual-stream layers to capture (id k = the stream entering layer k). null: the
     # target adapter's default. Resolved once by the target stage into target.json.
     aux_layer_ids: list[int] | None = None
@@ -178,7 +183,12 @@ class RegenerateServerConfig(ServerConfig):
     concurrency: int = 8
     # Where the client sends requests; by default the pipeline's own server at ``port``.
     base_url: str = "http://127.0.0.1:${.port}/v1"
-    model: str | None = None  # served model name; null: the first one /v1/models lists
+    # served model name; null: the one /v1/models lists under the target's name or path.
+    # Either way the server must serve the target (names and a token probe are checked).
+    model: str | None = None
+    # The environment variable holding the API key of a server the user runs (the key
+    # itself never goes into params); servers the pipeline starts get a per-run key.
+    api_key_env: str = "VLLM_API_KEY"
     timeout_s: float = 300.0  # per request
     retries: int = 3  # extra attempts on timeouts, connection errors, 408/409/425/429/5xx
     temperature: float = 0.0  # 0 = greedy, what the draft is evaluated against
@@ -354,6 +364,7 @@ class PathsConfig:
     the code cannot disagree on where a stage writes."""
 
     inventory: str = "${data_dir}/preflight/inventory.json"
+    target_fingerprint: str = "${data_dir}/preflight/target_fingerprint.json"
     target: str = "${data_dir}/target"
     prepared: str = "${data_dir}/prepared"
     heldout: str = "${data_dir}/heldout"
@@ -481,7 +492,32 @@ def _omegaconf_message(exc: BaseException) -> str:
     text = "; ".join(dict.fromkeys(p for p in parts if p))
     text = text.replace("Available options in", "available options in").replace(";\t", ", ")
     key = next((k for k in keys if k), None)
-    return f"{key}: {text}" if key and key not in text else text
+    line = f"{key}: {text}" if key and key not in text else text
+    if key and "not in" in text and (close := _close_key(key)):
+        line += f" (did you mean {close}?)"
+    return line
+
+
+def compose_error_line(exc: BaseException) -> str:
+    """The one line a Hydra/OmegaConf composition error is reported as (here and by the
+    DVC hook in :mod:`eagle3_pipeline.compat.dvc`)."""
+    return _omegaconf_message(exc)
+
+
+def _close_key(full_key: str) -> str | None:
+    """The schema key closest to a mistyped ``full_key`` (``train.epocs`` -> ``train.epochs``)."""
+    import difflib
+
+    from omegaconf import DictConfig, OmegaConf
+
+    parent, _, leaf = full_key.rpartition(".")
+    node: Any = OmegaConf.structured(Config)
+    for part in parent.split(".") if parent else []:
+        node = node.get(part) if isinstance(node, DictConfig) else None
+    if not isinstance(node, DictConfig):
+        return None
+    close = difflib.get_close_matches(leaf, [str(k) for k in node.keys()], n=1, cutoff=0.6)
+    return f"{parent}.{close[0]}" if parent and close else (close[0] if close else None)
 
 
 def compose(overrides: list[str] | None = None, conf_dir: str | Path = DEFAULT_CONF_DIR) -> Any:

@@ -17,9 +17,13 @@ import logging
 import os
 import signal
 import subprocess
+import sys
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, TextIO
+
+from eagle3_pipeline.core.signals import Interrupted
 
 log = logging.getLogger(__name__)
 
@@ -75,13 +79,62 @@ def group_members(pgid: int) -> list[int]:
     return found
 
 
+class _Relay:
+    """Copies a child's stdout and stderr to ours, byte for byte (progress bars' ``\r``
+    included), until :meth:`mute`: a child stopped because the user interrupted the stage
+    answers with its own shutdown traceback (torchrun's ``SignalException``), which would
+    bury the stage's one-line message. Muted output is still drained, so the child never
+    blocks on a full pipe."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.muted = False
+        self.threads = [
+            threading.Thread(target=self._pump, args=(src, dst), daemon=True)
+            for src, dst in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)) if src
+        ]
+        for t in self.threads:
+            t.start()
+
+    def _pump(self, src: IO[bytes], dst: TextIO) -> None:
+        fd = src.fileno()
+        while chunk := os.read(fd, 65536):
+            if self.muted:
+                continue
+            with contextlib.suppress(OSError, ValueError):  # our stream closed: drop
+                if hasattr(dst, "buffer"):
+                    dst.buffer.write(chunk)
+                else:  # a text-only stream (a test's capture)
+                    dst.write(chunk.decode("utf-8", errors="replace"))
+                dst.flush()
+
+    def mute(self) -> None:
+        self.muted = True
+
+    def join(self, timeout_s: float = 5.0) -> None:
+        for t in self.threads:
+            t.join(timeout_s)
+
+
 @contextlib.contextmanager
 def process_group(cmd: Sequence[str], stop_timeout_s: float, what: str,
                   **popen_kwargs: Any) -> Iterator[subprocess.Popen[bytes]]:
     """:func:`start_group` for the ``with`` block, :func:`stop_group` when it is left,
-    normally or by an error or Ctrl-C."""
+    normally or by an error or Ctrl-C. Unless ``popen_kwargs`` redirect them, the child's
+    stdout and stderr are relayed to ours, and silenced once the stage is interrupted
+    (:class:`_Relay`)."""
+    relay = None
+    if "stdout" not in popen_kwargs and "stderr" not in popen_kwargs:
+        popen_kwargs.update(stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     proc = start_group(cmd, **popen_kwargs)
+    if popen_kwargs.get("stdout") is subprocess.PIPE:
+        relay = _Relay(proc)
     try:
         yield proc
+    except Interrupted:
+        if relay is not None:
+            relay.mute()
+        raise
     finally:
         stop_group(proc, stop_timeout_s, what)
+        if relay is not None:
+            relay.join()

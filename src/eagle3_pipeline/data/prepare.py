@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from collections import Counter
 from pathlib import Path
@@ -48,7 +49,10 @@ def regenerate_cache_dir(cfg: Config) -> Path:
     return Path(cfg.paths.cache) / "regenerate"
 
 
-def make_backend(cfg: Config, spec: Any, model_dir: Path, tokenizer: Any, eot: list[int]) -> Any:
+def make_backend(cfg: Config, spec: Any, model_dir: Path, tokenizer: Any, eot: list[int],
+                 server: Any = None) -> Any:
+    """The regeneration backend; ``server``: the ``vllm serve`` this run started, if any
+    (its per-run API key), else a server the user runs (key from ``api_key_env``)."""
     from eagle3_pipeline.data.regenerate_hf import HFBackend
     from eagle3_pipeline.data.regenerate_server import ServerBackend
 
@@ -60,10 +64,16 @@ def make_backend(cfg: Config, spec: Any, model_dir: Path, tokenizer: Any, eot: l
             model_dir, eot, pad, d.max_new_tokens, d.generate_batch_size,
             device="cuda" if cuda else "cpu", dtype=cfg.model.dtype if cuda else "float32",
         )  # fmt: skip
+    from eagle3_pipeline.serving.identity import expected_model
+
     s = d.server
+    expected = expected_model(f"{spec.name} ({model_dir})",
+                              (spec.name, model_dir, cfg.model.path, cfg.model.hub_id), tokenizer)
+    api_key = server.api_key if server is not None else os.environ.get(s.api_key_env)
     return ServerBackend(
-        s.base_url, d.max_new_tokens, model=s.model, concurrency=s.concurrency,
-        timeout_s=s.timeout_s, retries=s.retries, temperature=s.temperature,
+        s.base_url, d.max_new_tokens, expected=expected, model=s.model, api_key=api_key,
+        concurrency=s.concurrency, timeout_s=s.timeout_s, retries=s.retries,
+        temperature=s.temperature,
     )  # fmt: skip
 
 
@@ -106,8 +116,8 @@ def prepare(cfg: Config, progress: bool = True) -> dict[str, Any]:
     if d.regenerate:
         from eagle3_pipeline.data.regenerate import GenerationCache, cache_path, regenerate_rows
 
-        with server_context(cfg, spec, model_dir):
-            backend = make_backend(cfg, spec, model_dir, tokenizer, eot)
+        with server_context(cfg, spec, model_dir) as server:
+            backend = make_backend(cfg, spec, model_dir, tokenizer, eot, server)
             cache = GenerationCache(cache_path(regenerate_cache_dir(cfg), backend.fingerprint()))
             rows, stats = regenerate_rows(
                 train, backend, tokenizer, eot, d.max_seq_len, d.reasoning, cache, progress

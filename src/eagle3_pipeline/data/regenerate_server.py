@@ -21,7 +21,6 @@ there -- it never becomes an empty answer.
 from __future__ import annotations
 
 import contextlib
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -30,7 +29,8 @@ from typing import Any
 from urllib.parse import urlparse
 
 from eagle3_pipeline.data.regenerate import Failure, Generation, Request, Result
-from eagle3_pipeline.serving.server import engine_server
+from eagle3_pipeline.serving.identity import ExpectedModel, ServerUnreachable, verify_server
+from eagle3_pipeline.serving.server import VllmServer, engine_server
 
 RETRYABLE_HTTP_STATUSES = {408, 409, 425, 429}
 
@@ -48,7 +48,10 @@ class ServerBackend:
         self,
         base_url: str,
         max_new_tokens: int,
+        *,
+        expected: ExpectedModel,
         model: str | None = None,
+        api_key: str | None = None,
         concurrency: int = 8,
         timeout_s: float = 300.0,
         retries: int = 3,
@@ -57,13 +60,14 @@ class ServerBackend:
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.max_new_tokens = max_new_tokens
+        self.api_key = api_key
         self.concurrency = concurrency
         self.timeout_s = timeout_s
         self.retries = retries
         self.temperature = temperature
         self.backoff_s = backoff_s
         self._client: Any = None
-        self.model = model or self.detect_model()
+        self.model = self.verify(expected, model)
 
     @property
     def client(self) -> Any:
@@ -71,20 +75,17 @@ class ServerBackend:
         if self._client is None:
             from openai import OpenAI
 
-            self._client = OpenAI(base_url=self.base_url, api_key="EMPTY",
+            self._client = OpenAI(base_url=self.base_url, api_key=self.api_key or "EMPTY",
                                   timeout=self.timeout_s, max_retries=0)
         return self._client
 
-    def detect_model(self) -> str:
-        url = f"{self.base_url}/models"
+    def verify(self, expected: ExpectedModel, model: str | None) -> str:
+        """The served model id to use, once the server is shown to serve the target."""
         try:
-            return str(self.client.with_options(timeout=min(self.timeout_s, 30.0))
-                       .models.list().data[0].id)
-        except Exception as exc:  # openai's errors, an empty list, a non-JSON answer
-            raise ServerUnavailable(
-                f"data.server.base_url={self.base_url}: cannot list models at {url} "
-                f"({type(exc).__name__}: {exc}); is the server up? (or set data.server.model)"
-            ) from None
+            return verify_server(self.base_url, self.api_key, expected, model=model,
+                                 where="data.server.base_url")
+        except ServerUnreachable as exc:
+            raise ServerUnavailable(f"{exc}; is the server up?") from None
 
     def fingerprint(self) -> dict[str, Any]:
         return {
@@ -162,16 +163,17 @@ def parse_completion(data: Any) -> Result:
 def managed_server(
     engine: Any, python: str | Path, base_url: str, startup_timeout_s: float,
     shutdown_timeout_s: float, log_path: Path,
-) -> Iterator[subprocess.Popen[bytes]]:
+) -> Iterator[VllmServer]:
     """Serve ``engine`` (an :class:`~eagle3_pipeline.serving.engine.Engine`) with the vLLM
     environment's ``python`` at ``base_url``'s port, wait until ``base_url/models``
     answers, and ALWAYS stop it (its whole process group: vLLM forks workers) when the
-    block exits. Failing to start raises ``ServerUnavailable``, which the stage reports."""
+    block exits. Failing to start raises ``ServerUnavailable``, which the stage reports.
+    The server's ``api_key`` is what the client must send."""
     url = urlparse(base_url)
     server = engine_server(
         engine, python, url.port or 8000, log_path, startup_timeout_s, shutdown_timeout_s,
-        health_path=url.path.rstrip("/") + "/models", error=ServerUnavailable,
+        port_key="data.server.port", health_path=url.path.rstrip("/") + "/models",
+        error=ServerUnavailable,
     )
     with server:
-        assert server.proc is not None
-        yield server.proc
+        yield server

@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from eagle3_pipeline.compat.offline_client import MODULE as OFFLINE_CLIENT
+from eagle3_pipeline.compat.offline_client import client_env
 from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.core.errors import StageError
 from eagle3_pipeline.extract.extraction import (
@@ -56,10 +58,12 @@ def vllm_layer_ids(spec: TargetSpec) -> list[int]:
 
 def client_command(cfg: Config, spec: TargetSpec, prepared: Path, out: Path) -> list[str]:
     """speculators' offline generation client over the prepared rows. It skips rows whose
-    file exists (so a rerun resumes) and checks the served model is ``--model``."""
+    file exists (so a rerun resumes) and checks the served model is ``--model``. It runs
+    through :mod:`eagle3_pipeline.compat.offline_client`, which makes it send the server's
+    API key (speculators' client sends none)."""
     e = cfg.extract
     return [
-        sys.executable, "-m", "speculators", "generate-offline-data",
+        sys.executable, "-m", OFFLINE_CLIENT, "generate-offline-data",
         "--endpoint", f"http://127.0.0.1:{e.server.port}/v1",
         "--model", spec.name,
         "--preprocessed-data", str(prepared),
@@ -145,11 +149,12 @@ def extract_vllm(cfg: Config) -> dict[str, Any]:
             server = engine_server(
                 engine, find_python(cfg.vllm.python), cfg.extract.server.port,
                 log_file(cfg, "extract"), cfg.vllm.startup_timeout_s,
-                cfg.vllm.shutdown_timeout_s,
+                cfg.vllm.shutdown_timeout_s, port_key="extract.server.port",
             )
             with server:
                 g0 = time.perf_counter()
-                with child_process(client_command(cfg, spec, rows.path.resolve(), out.resolve())) as proc:
+                client = client_command(cfg, spec, rows.path.resolve(), out.resolve())
+                with child_process(client, env=client_env(server.api_key)) as proc:
                     rc = proc.wait()
                 gen_wall = time.perf_counter() - g0
                 if rc != 0:

@@ -35,6 +35,7 @@ class PreflightResult:
     metrics: dict[str, Any]
     strict: bool = True
     visible: list[VisibleGpu] = field(default_factory=list)
+    target_fingerprint: dict[str, Any] | None = None  # None: the target was not found
 
     @property
     def passed(self) -> bool:
@@ -103,4 +104,6 @@ def inventory_path(cfg: Config) -> Path:
 
 def write_outputs(cfg: Config, result: PreflightResult, metrics_file: Path) -> None:
     atomic_write_json(inventory_path(cfg), result.inventory)
+    if result.target_fingerprint is not None:
+        atomic_write_json(Path(cfg.paths.target_fingerprint), result.target_fingerprint)
     atomic_write_json(metrics_file, result.metrics)

@@ -38,6 +38,7 @@ from eagle3_pipeline.preflight.software import (
     probe_vllm,
     vllm_needed,
 )
+from eagle3_pipeline.preflight.target import check_target_files
 
 
 @dataclass
@@ -116,8 +117,12 @@ def run_preflight(
         checks += gpu
     vers = package_versions() if versions is None else versions
     checks.append(check_packages(cfg, vers))
-    disk_check, disk_info = check_disk(cfg, free_fn)
-    checks.append(disk_check)
+    target_check, fingerprint = check_target_files(cfg)
+    checks.insert(0, target_check)
+    disk_info: dict[str, Any] | None = None
+    if target_check.passed:  # the estimate reads the target's config
+        disk_check, disk_info = check_disk(cfg, free_fn)
+        checks.append(disk_check)
     vllm_reading = None
     if vllm_needed(cfg):
         vllm_reading = vllm_probe(cfg)
@@ -149,7 +154,8 @@ def run_preflight(
         "snapshot": _snapshot(mode, records),
     }
     return PreflightResult(
-        checks, mode, inventory(mode, visible), metrics, cfg.preflight.strict, visible
+        checks, mode, inventory(mode, visible), metrics, cfg.preflight.strict, visible,
+        fingerprint,
     )
 
 

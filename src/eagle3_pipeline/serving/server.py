@@ -12,9 +12,18 @@ fails on the same GPUs far from the cause, so the lifecycle lives here once:
 - Shutdown is SIGTERM to the group, a bounded wait, SIGKILL; then SIGKILL to the group
   once more even when the leader has exited, for workers that outlived it
   (:mod:`eagle3_pipeline.core.processes`, shared with the train stage's torchrun).
+- It is private to the run: the process gets a random API key (``VLLM_API_KEY`` in its
+  environment, which other users cannot read, unlike its command line in ``ps``), which
+  every request of ours sends and which is never logged. On a shared node no other user
+  can query the target or feed an extraction server while it runs.
+- It is the server we started, serving our target: the port must be free before the
+  start, the process alive once healthy, and ``/v1/models`` + a token probe must match
+  (:mod:`eagle3_pipeline.serving.identity`), so a server someone else runs on the same
+  port is never mistaken for ours.
 - It happens on normal exit, on an error, on Ctrl-C and on SIGTERM (DVC or a scheduler
-  stopping the stage): while a server runs, SIGTERM raises in the main thread so the
-  ``with`` block unwinds instead of the process dying with the group still running.
+  stopping the stage): while a server runs, both signals raise
+  :class:`~eagle3_pipeline.core.signals.Interrupted` in the main thread, so the ``with``
+  block unwinds instead of the process dying with the group still running.
 """
 
 from __future__ import annotations
@@ -23,31 +32,29 @@ import contextlib
 import logging
 import os
 import re
-import signal
+import secrets
+import socket
 import subprocess
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from eagle3_pipeline.core.errors import StageError
 from eagle3_pipeline.core.processes import process_group, start_group, stop_group
+from eagle3_pipeline.core.signals import interrupts_raise
+from eagle3_pipeline.serving.identity import (
+    ExpectedModel,
+    ServerIdentityError,
+    expected_model,
+    verify_server,
+)
 
 log = logging.getLogger(__name__)
 
 POLL_S = 1.0  # between health checks
 TAIL_BYTES = 64 * 1024  # of the log read for the tail in an error message
-
-
-class _Interrupted(Exception):
-    pass
-
-
-def _raise_on_sigterm(signum: int, _frame: FrameType | None) -> None:
-    raise _Interrupted(f"signal {signum}")
 
 
 class VllmServer:
@@ -72,9 +79,16 @@ class VllmServer:
         health_path: str = "/health",
         error: type[Exception] = StageError,
         env: dict[str, str] | None = None,
+        expected: ExpectedModel | None = None,
+        port_key: str | None = None,
     ) -> None:
         self.cmd = list(cmd)
-        self.env = env
+        self.api_key = secrets.token_urlsafe(32)
+        self.env = {**(env if env is not None else os.environ), "VLLM_API_KEY": self.api_key}
+        self.port = port
+        self.port_key = port_key
+        self.expected = expected
+        self.served_model: str | None = None
         self.url = f"http://127.0.0.1:{port}"
         self.health_url = self.url + health_path
         self.log_file = Path(log_file)
@@ -84,22 +98,20 @@ class VllmServer:
         self.error = error
         self.proc: subprocess.Popen[bytes] | None = None
         self._log_start = 0  # the log is appended to across runs: the tail is this run's
-        self._sigterm_installed = False
-        self._old_sigterm: Any = None
+        self._signals: contextlib.ExitStack | None = None
 
     def __enter__(self) -> VllmServer:
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
-        # signal handlers can only be set from the main thread; elsewhere SIGTERM keeps
-        # its handler and only errors and normal exit stop the server
-        if threading.current_thread() is threading.main_thread():
-            self._old_sigterm = signal.signal(signal.SIGTERM, _raise_on_sigterm)
-            self._sigterm_installed = True
+        self._signals = contextlib.ExitStack()
+        self._signals.enter_context(interrupts_raise())
         try:
+            check_port_free(self.port, self.port_key, self.error)
             with open(self.log_file, "ab") as logfh:
                 self._log_start = os.fstat(logfh.fileno()).st_size
                 self.proc = start_group(self.cmd, stdout=logfh, stderr=subprocess.STDOUT,
                                         env=self.env)
             self.wait_healthy()
+            self.verify()
         except BaseException:
             self.shutdown()
             raise
@@ -132,7 +144,9 @@ class VllmServer:
                 )
             # URLError, refused or reset connections and timeouts are all OSErrors
             with contextlib.suppress(OSError):
-                with urllib.request.urlopen(self.health_url, timeout=5) as resp:
+                req = urllib.request.Request(  # noqa: S310 -- our localhost URL
+                    self.health_url, headers={"Authorization": f"Bearer {self.api_key}"})
+                with urllib.request.urlopen(req, timeout=5) as resp:  # noqa: S310
                     if resp.status == 200:
                         return
             time.sleep(POLL_S)
@@ -141,16 +155,28 @@ class VllmServer:
             f"(raise {self.timeout_key}; log {self.log_file}); last: {cause(self.log_tail(200))}"
         )
 
+    def verify(self) -> None:
+        """Once healthy: still our process, and serving the expected model."""
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise self.error(f"vllm serve exited with {self.proc.returncode} while another "
+                             f"process answered on {self.url}: {cause(self.log_tail(200))}")
+        if self.expected is not None:
+            try:
+                self.served_model = verify_server(self.url, self.api_key, self.expected,
+                                                  where=self.port_key or "")
+            except ServerIdentityError as exc:
+                raise self.error(str(exc)) from None
+
     def shutdown(self) -> None:
         proc, self.proc = self.proc, None
         try:
             if proc is not None:
                 stop_group(proc, self.shutdown_timeout_s, "vllm serve")
         finally:
-            if self._sigterm_installed:
-                old = self._old_sigterm  # None: set outside Python; the default is closest
-                signal.signal(signal.SIGTERM, old if old is not None else signal.SIG_DFL)
-                self._sigterm_installed, self._old_sigterm = False, None
+            signals, self._signals = self._signals, None
+            if signals is not None:
+                signals.close()
 
 
 # The most telling line first: pydantic's message (vLLM's config validation), an
@@ -176,12 +202,38 @@ def cause(log_text: str) -> str:
     return lines[-1][:400] if lines else "no output"
 
 
+def check_port_free(port: int, port_key: str | None = None,
+                    error: type[Exception] = StageError) -> None:
+    """Refuse a port something already listens on: a health check would otherwise reach
+    that process while our server fails to bind."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is fine
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError as exc:
+            where = f"{port_key}={port}: " if port_key else ""
+            raise error(f"{where}port {port} on 127.0.0.1 is in use ({exc.strerror}); stop "
+                        "what listens there or choose a free port") from None
+
+
+def engine_expected(engine: Any) -> ExpectedModel:
+    """What a server for ``engine`` must report: its served name, its model path, and the
+    token ids of the probe under the model's own tokenizer."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(engine.model),
+                                              trust_remote_code=engine.trust_remote_code)
+    return expected_model(f"{engine.served_model_name} ({engine.model})",
+                          (engine.served_model_name, engine.model), tokenizer)
+
+
 def engine_server(engine: Any, python: str | Path, port: int, log_file: str | Path,
                   startup_timeout_s: float, shutdown_timeout_s: float, *,
-                  health_path: str = "/health",
+                  port_key: str | None = None, health_path: str = "/health",
                   error: type[Exception] = StageError) -> VllmServer:
     """``vllm serve`` for an :class:`~eagle3_pipeline.serving.engine.Engine`, run by the vLLM
-    environment's ``python`` with the engine's environment variables."""
+    environment's ``python`` with the engine's environment variables; ``port_key`` is the
+    config key that sets ``port``."""
     from eagle3_pipeline.serving.env import worker_env
 
     log.info("starting (log %s): %s", log_file, engine.shell(port))
@@ -189,15 +241,16 @@ def engine_server(engine: Any, python: str | Path, port: int, log_file: str | Pa
         engine.serve_argv(port, (str(python), "-m", "vllm.entrypoints.cli.main")), port,
         log_file, startup_timeout_s, shutdown_timeout_s, timeout_key="vllm.startup_timeout_s",
         health_path=health_path, error=error, env=worker_env(engine.env),
+        expected=engine_expected(engine), port_key=port_key,
     )
 
 
 @contextlib.contextmanager
 def child_process(
-    cmd: Sequence[str], stop_timeout_s: float = 30.0
+    cmd: Sequence[str], stop_timeout_s: float = 30.0, env: dict[str, str] | None = None
 ) -> Iterator[subprocess.Popen[bytes]]:
     """A child process (in its own process group) that is terminated if we leave early
     (error or Ctrl-C), e.g. a client that would keep sending requests to a server being
     shut down."""
-    with process_group(cmd, stop_timeout_s, " ".join(map(str, cmd[:4]))) as proc:
+    with process_group(cmd, stop_timeout_s, " ".join(map(str, cmd[:4])), env=env) as proc:
         yield proc

@@ -2,7 +2,9 @@
 view of them, package versions, free disk for the hidden states) before any work starts.
 
 Writes data/preflight/inventory.json (stable, profile-level facts: downstream stages depend
-on it) and metrics/preflight.json (volatile readings and the verdict of each check).
+on it), data/preflight/target_fingerprint.json (a local target's files, cheaply: the target
+stage depends on it, so a checkpoint changed in place reruns the graph) and
+metrics/preflight.json (volatile readings and the verdict of each check).
 Exits 1 when a check fails, unless preflight.strict=false (failures become warnings).
 """
 
@@ -11,7 +13,7 @@ from __future__ import annotations
 import logging
 
 from eagle3_pipeline.core.config import Config, metrics_path
-from eagle3_pipeline.core.errors import StageError
+from eagle3_pipeline.core.errors import ConfigError, StageError
 from eagle3_pipeline.preflight.result import render_preflight
 from eagle3_pipeline.preflight.run import check_machine
 from eagle3_pipeline.stages.runner import run_stage
@@ -24,6 +26,9 @@ def run(cfg: Config) -> None:
     print(render_preflight(result), flush=True)
     if result.passed:
         return
+    target = next(c for c in result.checks if c.name == "target")
+    if not target.passed:  # a config error: no strictness setting makes the graph run
+        raise ConfigError(target.problems[0])
     n = len(result.problems)
     if cfg.preflight.strict:
         raise StageError(f"{n} problem(s) found (preflight.strict=false turns them into warnings)")

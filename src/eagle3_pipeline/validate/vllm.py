@@ -99,10 +99,10 @@ def run_served(python: str | Path, engine: Engine, port: int,
 
     t0 = time.perf_counter()
     server = engine_server(engine, python, port, log_file, startup_timeout_s,
-                           shutdown_timeout_s, error=VllmError)
+                           shutdown_timeout_s, port_key="validate.server.port", error=VllmError)
     with server:
         load_s = time.perf_counter() - t0
-        client = OpenAI(base_url=f"{server.url}/v1", api_key="EMPTY", timeout=600.0,
+        client = OpenAI(base_url=f"{server.url}/v1", api_key=server.api_key, timeout=600.0,
                         max_retries=0)
 
         def complete(ids: Sequence[int], n: int = max_tokens) -> list[int]:
