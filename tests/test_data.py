@@ -159,9 +159,9 @@ def test_sharegpt_and_openai_records_normalise_and_bad_ones_are_counted(caplog):
     assert convs[1]["messages"][1]["reasoning_content"] == "The user asks about dicts."
     assert dict(errors.counts) == {
         "malformed_json": 1, "non_utf8": 1, "unknown_role": 1, "empty_conversation": 1,
-        "no_assistant_turn": 1, "non_string_content": 1,
+        "no_assistant_turn": 1, "non_string_content": 1, "blank_line": 1,
     }  # fmt: skip
-    assert n_in == 9  # every non-blank line
+    assert n_in == 10  # every line, the blank one included
     text = caplog.text
     assert f"{FIXTURES / 'mixed.jsonl'}:3: malformed JSON" in text
     assert f"{FIXTURES / 'mixed.jsonl'}:4: not UTF-8" in text
@@ -170,10 +170,15 @@ def test_sharegpt_and_openai_records_normalise_and_bad_ones_are_counted(caplog):
     assert "noasst" in [c["id"] for c in convs] and "no_assistant_turn" not in errors.counts
 
 
-def test_on_error_fail_stops_at_the_first_bad_line_with_file_and_line():
+def test_on_error_fail_reads_to_the_end_and_names_every_bad_line():
     data = DataConfig(source="file", path=str(FIXTURES / "mixed.jsonl"), on_error="fail")
-    with pytest.raises(StageInputError, match=r"mixed\.jsonl:3: malformed JSON"):
-        load_conversations(data, seed=0)
+    _, errors, _ = load_conversations(data, seed=0)  # reads everything, then decides
+    assert [e.where.rsplit(":", 1)[1] for e in errors.entries] == [
+        "3", "4", "5", "6", "7", "8", "9"
+    ]  # fmt: skip
+    with pytest.raises(StageInputError, match=r"data: 7 bad records \(blank_line 1, .*\); "
+                       r"first: .*mixed\.jsonl:3: malformed JSON.*listed in r\.jsonl"):  # fmt: skip
+        errors.raise_if_failing(Path("r.jsonl"))
 
 
 def test_json_document_and_missing_file():
@@ -258,11 +263,14 @@ def test_stage_bad_input_fails_with_one_line_and_leaves_nothing(workdir, capsys)
     assert exc.value.code == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error: prepare:") and "mixed.jsonl:3: malformed JSON" in err
+    assert "7 bad records" in err and "data/bad_lines.jsonl" in err
     assert not (workdir / "data/prepared").exists() and not (workdir / "metrics/prepare.json").exists()
+    report = [json.loads(x) for x in (workdir / "data/bad_lines.jsonl").read_text().splitlines()]
+    assert [r["where"] for r in report] == [f"{src}:{i}" for i in range(3, 10)]
 
     main([*common, "data.heldout_size=1"])
     metrics = json.loads((workdir / "metrics/prepare.json").read_text())
-    assert metrics["conversations_in"] == 9 and metrics["conversations_invalid"] == 6
+    assert metrics["conversations_in"] == 10 and metrics["conversations_invalid"] == 7
     assert metrics["errors"]["malformed_json"] == 1 and metrics["errors"]["non_utf8"] == 1
     assert metrics["conversations_heldout"] == 1 and metrics["conversations_train"] == 2
 
@@ -270,3 +278,40 @@ def test_stage_bad_input_fails_with_one_line_and_leaves_nothing(workdir, capsys)
         main(["data.source=file", "data.path=missing.jsonl"])
     assert exc.value.code == 1
     assert "missing.jsonl: file not found" in capsys.readouterr().err
+
+
+def test_every_bad_line_is_in_the_report_not_only_the_first_five(workdir, tmp_path, caplog):
+    """A 100k-line file with many bad lines: each one named in data/bad_lines.jsonl (the
+    non-UTF-8 and blank ones too), the log names five and says where the rest are."""
+    from eagle3_pipeline.stages.prepare import main
+
+    good = json.dumps({"messages": [{"role": "user", "content": "q"},
+                                     {"role": "assistant", "content": "a"}]}).encode()  # fmt: skip
+    lines = [good] * 4 + [b"{broken"] * 6 + [b"", b'{"messages": [{"role": "user", '
+                                               b'"content": "caf\xe9"}]}', good]  # fmt: skip
+    p = tmp_path / "many.jsonl"
+    p.write_bytes(b"\n".join(lines) + b"\n")
+    main(["data.source=file", f"data.path={p}", "data.regenerate=false", "data.heldout_size=1"])
+    report = [json.loads(x) for x in (workdir / "data/bad_lines.jsonl").read_text().splitlines()]
+    assert [(r["where"], r["reason"]) for r in report] == [
+        *[(f"{p}:{i}", "malformed_json") for i in range(5, 11)],
+        (f"{p}:11", "blank_line"), (f"{p}:12", "non_utf8"),
+    ]  # fmt: skip
+    assert sum("skipped:" in r.message for r in caplog.records) == 5
+    assert "8 bad records (blank_line 1, malformed_json 6, non_utf8 1); every one is listed" \
+        in caplog.text
+
+
+def test_an_empty_data_file_is_one_clear_line(workdir, tmp_path, capsys):
+    from eagle3_pipeline.stages.prepare import main
+
+    for name, content in (("empty.jsonl", b""), ("blank.jsonl", b"\n\n")):
+        p = tmp_path / name
+        p.write_bytes(content)
+        with pytest.raises(SystemExit) as exc:
+            main(["data.source=file", f"data.path={p}", "data.regenerate=false"])
+        assert exc.value.code == 1
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert str(p) in err and "({})" not in err
+        assert ("no conversation in it (empty)" if not content else "none of its 2 records") \
+            in err

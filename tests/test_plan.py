@@ -20,7 +20,9 @@ from eagle3_pipeline.preflight.run import run_preflight
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
 FIXTURE = REPO / "tests" / "fixtures" / "kimi_k25"
-KIMI = ("model=kimi_k25", "hardware=rtx_pro_6000_x8", f"model.path={FIXTURE}")
+# a hub dataset is not counted ahead, so these estimates scale with train.samples
+KIMI = ("model=kimi_k25", "hardware=rtx_pro_6000_x8", f"model.path={FIXTURE}",
+        "data.source=hf", "data.path=org/chat-set")  # fmt: skip
 PLENTY = 10**15
 
 
@@ -59,6 +61,31 @@ def test_measured_tokens_per_row_replace_the_upper_bound(tmp_path):
     assert (
         resources.estimate_storage(cfg, target_info.load_target(cfg.model)).total_tokens == 2_048_000
     )
+
+
+def test_the_estimate_is_bounded_by_the_data_actually_selected(tmp_path):
+    """A 9-line file trains on at most 9 - held out conversations, whatever train.samples
+    says (it once demanded 160 GB for such a file)."""
+    data = tmp_path / "nine.jsonl"
+    line = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+    data.write_text("".join(json.dumps(line) + "\n" for _ in range(9)) + "\n")
+    cfg = cfg_for(tmp_path, "model=kimi_k25", "hardware=rtx_pro_6000_x8", f"model.path={FIXTURE}",
+                  "data.source=file", f"data.path={data}", "data.heldout_size=2",
+                  "train.samples=100000")  # fmt: skip
+    target = target_info.load_target(cfg.model)
+    s = resources.estimate_storage(cfg, target)
+    assert s.samples == 7 and s.total_tokens == 7 * cfg.data.max_seq_len
+    assert "7 conversations: 9 records in the data less data.heldout_size=2" in s.basis
+    need = resources.disk_need(cfg, s, resources.estimate_draft(cfg, target), lambda _: PLENTY)
+    assert need.hidden_states_bytes == 7 * 512 * (57_344 + 8) < 10**9
+    # the builtin corpus is counted too; a JSON document by its list
+    builtin = cfg_for(tmp_path, "train.samples=100000")
+    assert resources.estimate_storage(
+        builtin, target_info.load_target(builtin.model)).samples < 1000  # fmt: skip
+    doc = tmp_path / "three.json"
+    doc.write_text(json.dumps({"data": [line, line, line]}))
+    cfg.data.path = str(doc)
+    assert resources.estimate_storage(cfg, target).samples == 1
 
 
 def test_tiny_target_shape_without_building_anything(tmp_path):

@@ -256,7 +256,8 @@ def test_packages_missing_or_out_of_range(tmp_path):
 
 
 def test_disk_too_small(tmp_path):
-    cfg = cfg_for(tmp_path, "hardware=rtx_pro_6000_x8", "train.samples=100000")
+    cfg = cfg_for(tmp_path, "hardware=rtx_pro_6000_x8", "train.samples=100000",
+                  "data.source=hf", "data.path=org/big-chat-set")  # not counted: 100,000  # fmt: skip
     res = run(cfg, [rtx(i) for i in range(8)], free_fn=lambda p: 40 * 10**9)
     (line,) = failed(res)["disk"]
     # tiny target, bf16: 4 x 128 x 2 B + 8 B token id per token, 512 tokens x 100,000

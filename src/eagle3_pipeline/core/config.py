@@ -368,6 +368,7 @@ class PathsConfig:
     target: str = "${data_dir}/target"
     prepared: str = "${data_dir}/prepared"
     heldout: str = "${data_dir}/heldout"
+    bad_lines: str = "${data_dir}/bad_lines.jsonl"
     hidden_states: str = "${data_dir}/hidden_states"
     draft: str = "${data_dir}/draft"
     train_state: str = "${data_dir}/train_state"

@@ -47,6 +47,7 @@ ROLE_ALIASES = {
 }
 REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
 MAX_LOGGED_ERRORS = 5
+NEWLINE = b"\n"
 
 
 class StageInputError(ValueError):
@@ -61,23 +62,59 @@ class BadConversation(ValueError):
         self.reason = reason
 
 
+@dataclass(frozen=True)
+class BadInput:
+    """One bad input record: where it is (``file:line`` or ``file[index]``), why, and the
+    message a user reads."""
+
+    where: str
+    reason: str
+    message: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"where": self.where, "reason": self.reason, "message": self.message}
+
+
 @dataclass
 class ErrorLog:
-    """Counts bad input by reason; logs the first few, or raises under ``on_error=fail``."""
+    """Every bad input record, counted by reason.
+
+    Why keep them all: a user fixing a 100k-line file needs every bad line in one pass
+    (the prepare stage writes them to a report), so even ``on_error=fail`` reads to the end
+    before it fails (:meth:`raise_if_failing`). The log names only the first few.
+    """
 
     on_error: str = "skip"
     counts: Counter[str] = field(default_factory=Counter)
     unreadable: int = 0  # records that could not even be parsed (still conversations in)
+    entries: list[BadInput] = field(default_factory=list)
 
-    def add(self, reason: str, message: str, unreadable: bool = False) -> None:
+    def add(self, reason: str, where: str, message: str, unreadable: bool = False) -> None:
         self.counts[reason] += 1
         self.unreadable += unreadable
-        if self.on_error == "fail":
-            raise StageInputError(f"{message} (data.on_error=fail; use skip to count and go on)")
-        if sum(self.counts.values()) <= MAX_LOGGED_ERRORS:
-            log.warning("skipped: %s", message)
-        elif sum(self.counts.values()) == MAX_LOGGED_ERRORS + 1:
-            log.warning("more input errors: counted in metrics, not logged")
+        self.entries.append(BadInput(where, reason, message))
+        n = len(self.entries)
+        if n <= MAX_LOGGED_ERRORS:
+            log.warning("%s: %s", "bad input" if self.on_error == "fail" else "skipped", message)
+        elif n == MAX_LOGGED_ERRORS + 1:
+            log.warning("more bad input: every record is listed in the bad-lines report")
+
+    def summary(self) -> str:
+        """``3 bad records (malformed_json 2, non_utf8 1)``: the one line the log ends with."""
+        reasons = ", ".join(f"{k} {v}" for k, v in sorted(self.counts.items()))
+        n = len(self.entries)
+        return f"{n} bad record{'s' if n != 1 else ''}" + (f" ({reasons})" if reasons else "")
+
+    def raise_if_failing(self, report: Path | None = None) -> None:
+        """Under ``on_error=fail``: one error naming the count, the first bad record and the
+        report that lists them all."""
+        if self.on_error != "fail" or not self.entries:
+            return
+        where = f"; every one is listed in {report}" if report is not None else ""
+        raise StageInputError(
+            f"data: {self.summary()}; first: {self.entries[0].message}{where} "
+            "(data.on_error=fail; fix them, or use data.on_error=skip to count and go on)"
+        )
 
 
 # --------------------------------------------------------------------------- loading
@@ -95,29 +132,31 @@ def read_records(path: Path, errors: ErrorLog) -> Iterator[tuple[str, Any]]:
     for lineno, line in enumerate(raw.splitlines(), start=1):
         where = f"{path}:{lineno}"
         if not line.strip():
+            errors.add("blank_line", where, f"{where}: blank line (JSONL holds one object a line)",
+                       True)  # fmt: skip
             continue
         try:
             text = line.decode("utf-8")
         except UnicodeDecodeError as exc:
-            errors.add("non_utf8", f"{where}: not UTF-8 text (byte {exc.start})", True)
+            errors.add("non_utf8", where, f"{where}: not UTF-8 text (byte {exc.start})", True)
             continue
         try:
             yield where, json.loads(text)
         except json.JSONDecodeError as exc:
-            errors.add(
-                "malformed_json", f"{where}: malformed JSON ({exc.msg}, column {exc.colno})", True
-            )
+            errors.add("malformed_json", where,
+                       f"{where}: malformed JSON ({exc.msg}, column {exc.colno})", True)  # fmt: skip
 
 
 def _read_json_document(path: Path, raw: bytes, errors: ErrorLog) -> Iterator[tuple[str, Any]]:
     try:
         data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        errors.add("non_utf8", f"{path}:{line}: not UTF-8 text (byte {exc.start})", True)
+        where = f"{path}:{raw[: exc.start].count(NEWLINE) + 1}"
+        errors.add("non_utf8", where, f"{where}: not UTF-8 text (byte {exc.start})", True)
         return
     except json.JSONDecodeError as exc:
-        errors.add("malformed_json", f"{path}:{exc.lineno}: malformed JSON ({exc.msg})", True)
+        where = f"{path}:{exc.lineno}"
+        errors.add("malformed_json", where, f"{where}: malformed JSON ({exc.msg})", True)
         return
     if isinstance(data, dict):
         lists = [v for v in data.values() if isinstance(v, list)]
@@ -126,7 +165,8 @@ def _read_json_document(path: Path, raw: bytes, errors: ErrorLog) -> Iterator[tu
         else:
             data = lists[0]
     if not isinstance(data, list):
-        errors.add("malformed_json", f"{path}: a JSON file must hold a list of conversations", True)
+        errors.add("malformed_json", str(path),
+                   f"{path}: a JSON file must hold a list of conversations", True)  # fmt: skip
         return
     for i, rec in enumerate(data):
         yield f"{path}[{i}]", rec
@@ -249,7 +289,7 @@ def load_conversations(
             if require_assistant and not any(m["role"] == "assistant" for m in conv["messages"]):
                 raise BadConversation("no_assistant_turn", f"{where}: no assistant turn")
         except BadConversation as exc:
-            errors.add(exc.reason, str(exc))
+            errors.add(exc.reason, where, str(exc))
             continue
         seen[conv["id"]] += 1
         if seen[conv["id"]] > 1:  # ids name held-out prompts: keep them unique

@@ -16,8 +16,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline.core.config import Config
+from eagle3_pipeline.core.config import Config, DataConfig
+from eagle3_pipeline.data.bad_lines import write_bad_lines
 from eagle3_pipeline.data.conversations import (
+    ErrorLog,
     check_data_config,
     end_of_turn_ids,
     finalize_rows,
@@ -42,6 +44,21 @@ def prepared_dir(cfg: Config) -> Path:
 
 def heldout_path(cfg: Config) -> Path:
     return Path(cfg.paths.heldout) / "prompts.jsonl"
+
+
+def bad_lines_path(cfg: Config) -> Path:
+    return Path(cfg.paths.bad_lines)
+
+
+def no_conversation_message(d: DataConfig, n_in: int, bad: ErrorLog, report: Path) -> str:
+    """One line for input with nothing to train on: an empty source says so plainly (not
+    "0 of 0"); otherwise the reasons and where every bad record is listed."""
+    source = f"data.path={d.path}" if d.source != "builtin" else "data.source=builtin"
+    if n_in == 0:
+        return (f"{source}: no conversation in it (empty); point data.path at a JSONL file "
+                "of conversations (OpenAI 'messages' or ShareGPT 'conversations')")  # fmt: skip
+    return (f"{source}: none of its {n_in} records is a usable conversation ({bad.summary()}); "
+            f"every one is listed in {report}")  # fmt: skip
 
 
 def regenerate_cache_dir(cfg: Config) -> Path:
@@ -105,8 +122,11 @@ def prepare(cfg: Config, progress: bool = True) -> dict[str, Any]:
     eot = end_of_turn_ids(tokenizer, model_dir)
 
     convs, bad, n_in = load_conversations(d, cfg.seed, require_assistant=not d.regenerate)
+    report = bad_lines_path(cfg)
+    write_bad_lines(bad, report)
+    bad.raise_if_failing(report)
     if not convs:
-        raise StageError(f"data: no usable conversation among {n_in} ({dict(bad.counts)})")
+        raise StageError(no_conversation_message(d, n_in, bad, report))
     held, train = select(convs, d.heldout_size, cfg.train.samples, cfg.seed)
     held_text = heldout_jsonl(heldout_records(held, tokenizer))
 

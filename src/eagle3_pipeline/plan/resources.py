@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.core.config import Config, ConfigError, metrics_path
+from eagle3_pipeline.data.records import selectable_samples
 from eagle3_pipeline.plan.target_info import TargetInfo
 from eagle3_pipeline.plan.units import (
     ADAM_STATE_BYTES,
@@ -94,7 +95,7 @@ def estimate_storage(cfg: Config, target: TargetInfo) -> StorageEstimate:
     hidden = target.spec.hidden_size
     dtype = cfg.extract.dtype
     bpt = hidden_state_bytes_per_token(len(captured), hidden, dtype)
-    samples = cfg.train.samples
+    samples, samples_basis = selectable_samples(cfg.data, cfg.train.samples, cfg.seed)
     prep = read_metrics(cfg, "prepare") or {}
     mean = prep.get("mean_tokens_per_row")
     if isinstance(mean, (int, float)) and mean > 0:
@@ -131,7 +132,7 @@ def estimate_storage(cfg: Config, target: TargetInfo) -> StorageEstimate:
         total_tokens=tokens,
         total_bytes=int(math.ceil(tokens * (bpt + TOKEN_ID_BYTES))),
         upper_bound=upper,
-        basis=basis,
+        basis=f"{basis}; {samples_basis}",
     )
 
 
@@ -348,7 +349,7 @@ def estimate_time(cfg: Config, storage: StorageEstimate) -> tuple[TimeEstimate, 
             tp.train_steps_per_s,
             f"assumption: hardware.throughput.train_steps_per_s ({tp.source})",
         )
-    steps = float(cfg.train.epochs * cfg.train.samples)
+    steps = float(cfg.train.epochs * storage.samples)
     return (
         TimeEstimate(
             "extract", storage.total_tokens, ext[0], storage.total_tokens / ext[0], ext[1]

@@ -1,6 +1,6 @@
 """Stage `prepare`: conversations -> speculators training rows (data/prepared/, with
-token_freq.pt), held-out prompts for validation (data/heldout/prompts.jsonl), and
-metrics/prepare.json. With data.regenerate, every trained assistant turn is the target's
+token_freq.pt), held-out prompts for validation (data/heldout/prompts.jsonl), every bad
+input record (data/bad_lines.jsonl) and metrics/prepare.json. With data.regenerate, every trained assistant turn is the target's
 own greedy answer, token for token."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from eagle3_pipeline.core.config import Config, metrics_path
 from eagle3_pipeline.core.errors import StageError
 from eagle3_pipeline.core.io import atomic_write_json, remove_path
 from eagle3_pipeline.data.conversations import StageInputError
-from eagle3_pipeline.data.prepare import heldout_path, prepare, prepared_dir
+from eagle3_pipeline.data.prepare import bad_lines_path, heldout_path, prepare, prepared_dir
 from eagle3_pipeline.data.regenerate_server import ServerUnavailable
 from eagle3_pipeline.stages.runner import run_stage
 
@@ -19,7 +19,9 @@ log = logging.getLogger(__name__)
 
 
 def run(cfg: Config, progress: bool = True) -> None:
-    for stale in (prepared_dir(cfg), heldout_path(cfg), metrics_path(cfg, "prepare")):
+    stale_outputs = (prepared_dir(cfg), heldout_path(cfg), bad_lines_path(cfg),
+                     metrics_path(cfg, "prepare"))  # fmt: skip
+    for stale in stale_outputs:
         remove_path(stale)
     try:
         metrics = prepare(cfg, progress)
