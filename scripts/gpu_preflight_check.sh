@@ -24,8 +24,8 @@ end=$(date +%s.%N)
 echo "== exit $rc, $(python -c "print(f'{$end - $start:.1f}')") s"
 echo "== $out/data/preflight/inventory.json"
 cat "$out/data/preflight/inventory.json" 2>/dev/null
-echo "== $out/metrics/preflight.json (passed, mode, driver, gpus)"
-python - "$out/metrics/preflight.json" <<'PY' 2>/dev/null
+echo "== $out/metrics/details/preflight.json (passed, mode, driver, gpus)"
+python - "$out/metrics/details/preflight.json" <<'PY' 2>/dev/null
 import json, sys
 m = json.load(open(sys.argv[1]))
 print({k: m[k] for k in ("passed", "mode", "driver_version", "cuda_driver_version", "torch")})

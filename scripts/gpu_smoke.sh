@@ -23,6 +23,6 @@ for stage in preflight target prepare extract train validate; do
   start=$(date +%s)
   python -m "eagle3_pipeline.stages.$stage" "${args[@]}"
   echo "== $stage done in $(( $(date +%s) - start )) s"
-  cat "metrics/$stage.json" | head -c 2000; echo
+  cat "metrics/details/$stage.json" | head -c 2000; echo
 done
 echo "== work dir: $work"

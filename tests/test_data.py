@@ -233,7 +233,7 @@ def test_stage_outputs_heldout_stability_and_prefix_rows(workdir):
     run(_cfg(*base, "train.samples=12"), progress=False)
     held_12 = heldout_path(_cfg()).read_bytes()
     rows_12 = load_from_disk(str(prepared_dir(_cfg()))).with_format(None)["input_ids"]
-    metrics = json.loads((workdir / "metrics/prepare.json").read_text())
+    metrics = json.loads((workdir / "metrics/details/prepare.json").read_text())
     assert metrics["conversations_train"] == 12 and metrics["rows"] == len(rows_12) >= 12
     assert metrics["conversations_heldout"] == 16 and metrics["conversations_in"] > 800
     assert metrics["supervised_tokens"] < metrics["tokens"]
@@ -264,12 +264,12 @@ def test_stage_bad_input_fails_with_one_line_and_leaves_nothing(workdir, capsys)
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error: prepare:") and "mixed.jsonl:3: malformed JSON" in err
     assert "7 bad records" in err and "data/bad_lines.jsonl" in err
-    assert not (workdir / "data/prepared").exists() and not (workdir / "metrics/prepare.json").exists()
+    assert not (workdir / "data/prepared").exists() and not (workdir / "metrics/details/prepare.json").exists()
     report = [json.loads(x) for x in (workdir / "data/bad_lines.jsonl").read_text().splitlines()]
     assert [r["where"] for r in report] == [f"{src}:{i}" for i in range(3, 10)]
 
     main([*common, "data.heldout_size=1"])
-    metrics = json.loads((workdir / "metrics/prepare.json").read_text())
+    metrics = json.loads((workdir / "metrics/details/prepare.json").read_text())
     assert metrics["conversations_in"] == 10 and metrics["conversations_invalid"] == 7
     assert metrics["errors"]["malformed_json"] == 1 and metrics["errors"]["non_utf8"] == 1
     assert metrics["conversations_heldout"] == 1 and metrics["conversations_train"] == 2

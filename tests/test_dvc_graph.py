@@ -124,10 +124,13 @@ def test_no_volatile_file_feeds_a_stage() -> None:
 def test_paths_in_the_graph_are_the_ones_stages_use() -> None:
     """dvc.yaml names artifacts only through params (``${paths.*}``), never literally."""
     text = (ROOT / "dvc.yaml").read_text(encoding="utf-8")
-    for literal in ("data/", "metrics/", "plots/"):
-        lines = [ln for ln in text.splitlines()
-                 if literal in ln and not ln.lstrip().startswith("#")]
+    entries = [ln.strip()[2:].split(":")[0] for ln in text.splitlines()
+               if ln.strip().startswith("- ")]  # fmt: skip
+    for literal in ("data/", "metrics/", "dvclive/", "plots/"):
+        lines = [e for e in entries if e.startswith(literal)]
         assert not lines, f"dvc.yaml hard-codes {literal}: {lines}"
+    # below ${paths.live}, dvclive's own layout (plots/metrics, plots/images) is fixed
+    assert any(e.startswith("${paths.live}/train/plots/") for e in entries)
 
 
 # --------------------------------------------------------------------------- dvc status

@@ -200,7 +200,7 @@ def test_the_plan_counts_the_tiny_qwen3_moe_it_builds(tiny_qwen3_moe):
     from eagle3_pipeline.plan.weights import estimate_target_weights
 
     planned = load_target(load_config(["model=tiny_qwen3_moe"], conf_dir=REPO / "conf").model)
-    metrics = json.loads((tiny_qwen3_moe / "metrics/target.json").read_text())
+    metrics = json.loads((tiny_qwen3_moe / "metrics/details/target.json").read_text())
     assert metrics["architecture"] == "Qwen3MoeForCausalLM" and metrics["reload_logits_identical"]
     assert planned.spec.vocab_size == metrics["vocab_size"]
     assert estimate_target_weights(planned).params == metrics["parameters"]

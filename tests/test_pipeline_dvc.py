@@ -114,7 +114,7 @@ def test_repro_end_to_end_then_cached_then_train_only_change(repo_copy: Path):
     shown = _dvc(repo_copy, "metrics", "show", "--json").stdout
     metrics = json.loads(shown)
     assert metrics, "dvc metrics show returned nothing"
-    validate = json.loads((repo_copy / "metrics/validate.json").read_text())
+    validate = json.loads((repo_copy / "metrics/details/validate.json").read_text())
     # our figure is the one its per-position counts give, and the trained draft buys
     # tokens (about 2.7 with this reduced config; an untrained draft scores about 1)
     steps, per_pos = validate["verification_steps"], validate["accepted_per_pos"]
@@ -126,13 +126,13 @@ def test_repro_end_to_end_then_cached_then_train_only_change(repo_copy: Path):
     assert validate["vllm_acceptance_length"] == pytest.approx(
         validate["vllm_style_acceptance_length"], abs=tol)
     assert validate["vllm_lossless"] is True and validate["vllm_speedup"] > 0
-    assert json.loads((repo_copy / "metrics/preflight.json").read_text())["passed"] is True
+    assert json.loads((repo_copy / "metrics/details/preflight.json").read_text())["passed"] is True
 
     # the plan's storage estimate matches what extract wrote (within 10%)
     _run(repo_copy, sys.executable, "-m", "eagle3_pipeline.plan.plan", "--params", "params.yaml",
          "--out", str(repo_copy / "plan_out"))
     plan = json.loads((repo_copy / "plan_out/plan.json").read_text())
-    written = json.loads((repo_copy / "metrics/extract.json").read_text())["bytes_written"]
+    written = json.loads((repo_copy / "metrics/details/extract.json").read_text())["bytes_written"]
     estimate = plan["storage"]["total_bytes"]
     assert abs(estimate - written) <= 0.10 * written, (estimate, written)
 
@@ -157,7 +157,7 @@ def test_repro_end_to_end_then_cached_then_train_only_change(repo_copy: Path):
     # more training conversations: prepare onward reruns, the held-out prompts stay
     # byte-identical, and extraction only computes the new rows
     heldout = (repo_copy / "data/heldout/prompts.jsonl").read_bytes()
-    rows_before = json.loads((repo_copy / "metrics/prepare.json").read_text())["rows"]
+    rows_before = json.loads((repo_copy / "metrics/details/prepare.json").read_text())["rows"]
     _run(repo_copy, "git", "add", "-A")
     _run(repo_copy, "git", "commit", "-qm", "lr run")
     samples = REDUCED["train"]["samples"] + 6
@@ -165,9 +165,9 @@ def test_repro_end_to_end_then_cached_then_train_only_change(repo_copy: Path):
     lock4 = _lock(repo_copy)
     assert _changed(lock3, lock4) - {"preflight"} == {"prepare", "extract", "train", "validate"}
     assert (repo_copy / "data/heldout/prompts.jsonl").read_bytes() == heldout
-    prepared = json.loads((repo_copy / "metrics/prepare.json").read_text())
+    prepared = json.loads((repo_copy / "metrics/details/prepare.json").read_text())
     assert prepared["conversations_train"] == samples and prepared["rows"] > rows_before
-    extracted = json.loads((repo_copy / "metrics/extract.json").read_text())
+    extracted = json.loads((repo_copy / "metrics/details/extract.json").read_text())
     assert extracted["samples_reused"] == rows_before
     assert extracted["samples_written"] == prepared["rows"] - rows_before
     lock3 = lock4
@@ -191,7 +191,7 @@ def test_tiny_llama_runs_the_whole_graph(repo_copy: Path):
     target = json.loads((repo_copy / "data/target/target.json").read_text())
     assert target["architecture"] == "LlamaForCausalLM" and not target["nested"]
     assert lock["target"]["params"]["params.yaml"]["model"]["name"] == "tiny_llama"
-    validate = json.loads((repo_copy / "metrics/validate.json").read_text())
+    validate = json.loads((repo_copy / "metrics/details/validate.json").read_text())
     # the tiny Llama's reduced draft learns less (measured 1.44; an untrained one scores 1.0)
     steps, per_pos = validate["verification_steps"], validate["accepted_per_pos"]
     assert validate["vllm_style_acceptance_length"] == pytest.approx(1 + sum(per_pos) / steps)

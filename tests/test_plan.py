@@ -12,6 +12,7 @@ import pytest
 from machines import cfg_for
 
 from eagle3_pipeline.core.config import Config, ConfigError
+from eagle3_pipeline.core.metrics import details_path
 from eagle3_pipeline.plan import plan, resources, target_info, weights
 from eagle3_pipeline.preflight.gpu import MemoryReader
 from eagle3_pipeline.preflight.hardware import TorchView
@@ -27,7 +28,7 @@ PLENTY = 10**15
 
 
 def write_metrics(cfg: Config, stage: str, data: dict) -> None:
-    p = Path(cfg.metrics_dir) / f"{stage}.json"
+    p = details_path(cfg, stage)
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps(data))
 

@@ -352,7 +352,7 @@ def test_stage_writes_outputs_and_exit_codes(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     main(["--conf-dir", str(CONF)])  # cpu profile: passes
     inv = json.loads((tmp_path / "data/preflight/inventory.json").read_text())
-    metrics = json.loads((tmp_path / "metrics/preflight.json").read_text())
+    metrics = json.loads((tmp_path / "metrics/details/preflight.json").read_text())
     assert inv == {"mode": "cpu"}
     assert metrics["passed"] is True and metrics["checks"]["disk"]["passed"] is True
     assert metrics["packages"]["torch"] == importlib.metadata.version("torch")
@@ -360,11 +360,11 @@ def test_stage_writes_outputs_and_exit_codes(tmp_path, monkeypatch):
     with pytest.raises(SystemExit) as exc:
         main(["--conf-dir", str(CONF), "hardware=rtx_pro_6000_x8"])
     assert exc.value.code == 1
-    assert json.loads((tmp_path / "metrics/preflight.json").read_text())["passed"] is False
+    assert json.loads((tmp_path / "metrics/details/preflight.json").read_text())["passed"] is False
 
     # strict=false: the same failure is recorded, but the stage exits 0
     main(["--conf-dir", str(CONF), "hardware=rtx_pro_6000_x8", "preflight.strict=false"])
-    metrics = json.loads((tmp_path / "metrics/preflight.json").read_text())
+    metrics = json.loads((tmp_path / "metrics/details/preflight.json").read_text())
     assert metrics["passed"] is False and metrics["strict"] is False
     assert metrics["checks"]["driver"]["passed"] is False
 

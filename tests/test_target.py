@@ -47,7 +47,7 @@ def test_tiny_kimi_is_a_nested_kimi_k25_under_the_real_weight_names(tiny_target)
     for shard in set(index["weight_map"].values()):
         on_disk |= set(load_file(model_dir / shard))
     assert on_disk == names
-    metrics = json.loads((tiny_target / "metrics/target.json").read_text())
+    metrics = json.loads((tiny_target / "metrics/details/target.json").read_text())
     assert metrics["reload_logits_identical"] is True
 
 
@@ -155,7 +155,7 @@ def test_real_local_target_is_described_without_building(local_llama_dir, tmp_pa
     spec = _spec(work)
     assert spec.path == str(local_llama_dir) and spec.num_layers == 4
     assert not (work / "data/target/model").exists()  # never copies weights
-    assert json.loads((work / "metrics/target.json").read_text())["built"] is False
+    assert json.loads((work / "metrics/details/target.json").read_text())["built"] is False
 
 
 @pytest.mark.parametrize(

@@ -142,10 +142,10 @@ def test_killed_run_resumes_and_the_draft_learns(kimi_data: Path, run_in, monkey
     monkeypatch.delenv(FAULT_ENV)
     state = json.loads((work / "data/train_state/state.json").read_text())
     assert state["global_step"] == 3 and not state["finished"]
-    assert not (work / "data/draft").exists() and not (work / "metrics/train.json").exists()
+    assert not (work / "data/draft").exists() and not (work / "metrics/details/train.json").exists()
 
     main(args)  # the rerun resumes from step 3
-    m = json.loads((work / "metrics/train.json").read_text())
+    m = json.loads((work / "metrics/details/train.json").read_text())
     assert m["resumed"] and m["steps"] == m["total_steps"] and m["steps_this_run"] == m["steps"] - 3
     assert m["val_loss"] <= 0.8 * m["val_loss_untrained"], m
     assert len(m["val_accuracy_per_position"]) == 3 and m["gpu"]["mode"] == "not applicable"
@@ -160,9 +160,21 @@ def test_killed_run_resumes_and_the_draft_learns(kimi_data: Path, run_in, monkey
     assert cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3
     assert cfg["speculators_config"]["verifier"]["name_or_path"] == str(
         (work / "data/target/model").resolve())
-    steps = (work / "plots/train/steps.tsv").read_text().splitlines()
-    assert len(steps) == m["steps"] + 1 and steps[0].startswith("step\tepoch\tloss\tacc_0")
-    assert (work / "plots/train/curves.png").read_bytes()[:4] == b"\x89PNG"
+    # dvclive: the resumed run's curves hold every step, the killed run's 3 included
+    live = work / "dvclive/train"
+    loss = (live / "plots/metrics/train/loss.tsv").read_text().splitlines()
+    assert loss[0].split("\t") == ["step", "loss"]
+    assert [int(r.split("\t")[0]) for r in loss[1:]] == list(range(1, m["steps"] + 1))
+    val = (live / "plots/metrics/val/loss.tsv").read_text().splitlines()[1:]
+    assert float(val[-1].split("\t")[1]) == m["val_loss"]
+    assert (live / "plots/images/curves.png").read_bytes()[:4] == b"\x89PNG"
+    # the summary DVC shows carries the stage's own figures, unchanged
+    summary = json.loads((live / "metrics.json").read_text())
+    assert summary["step"] == m["steps"] and summary["val"]["loss"] == m["val_loss"]
+    assert [summary["val"][f"acc_{i}"] for i in range(3)] == m["val_accuracy_per_position"]
+    assert summary["tokens_per_s"] == m["tokens_per_s"]
+    assert summary["val_loss_untrained"] == m["val_loss_untrained"]
+    assert set(summary["train"]) == {"loss"}  # no per-step noise in dvc exp show
     draft = load_draft(work / "data/draft", work / "data/target/model")
     assert draft.d2t.shape[0] == 512
 
@@ -227,7 +239,7 @@ def test_tiny_llama_trains_through_the_same_path(tiny_llama_target: Path, tmp_pa
     from eagle3_pipeline.stages.train import main
 
     main([*REDUCED, "model=tiny_llama", "train.epochs=1", "train.max_steps=2"])
-    m = json.loads((work / "metrics/train.json").read_text())
+    m = json.loads((work / "metrics/details/train.json").read_text())
     assert m["steps"] == 2 and m["draft_shape"]["head_dim"] == 32
     cfg = json.loads((work / "data/draft/config.json").read_text())
     assert cfg["eagle_aux_hidden_state_layer_ids"] == json.loads(
@@ -283,7 +295,7 @@ def _check_multiprocess_run(work: Path, args: list[str], parallel: str) -> dict[
     from eagle3_pipeline.train.plan import plan_training
     from eagle3_pipeline.train.runtime import choose_parallel
 
-    m = json.loads((work / "metrics/train.json").read_text())
+    m = json.loads((work / "metrics/details/train.json").read_text())
     assert m["world_size"] == 2 and m["parallel"] == parallel
     assert m["distributed_backend"] == "gloo" and m["device"] == "cpu"
     launcher = m["launcher"]
@@ -315,7 +327,7 @@ def _check_multiprocess_run(work: Path, args: list[str], parallel: str) -> dict[
     assert estimate_parameters(p.shape, len(p.spec.aux_layer_ids), 512,
                                p.spec.vocab_size)[0] == m["trainable_parameters"]
     assert choose_parallel(load_config(args), p.shape, p.spec, 2)[0] == parallel
-    assert (work / "plots/train/curves.png").is_file()
+    assert (work / "dvclive/train/plots/images/curves.png").is_file()
     cfg = json.loads((work / "data/draft/config.json").read_text())
     assert cfg["eagle_aux_hidden_state_layer_ids"] == p.spec.aux_layer_ids
     draft = load_draft(work / "data/draft", work / "data/target/model")
@@ -475,7 +487,7 @@ def test_ctrl_c_prints_one_line_and_the_rerun_resumes(kimi_data: Path, run_in) -
     assert saved >= 2 and not (work / "data/draft").exists()
 
     main(args)
-    m = json.loads((work / "metrics/train.json").read_text())
+    m = json.loads((work / "metrics/details/train.json").read_text())
     assert m["resumed"] and m["steps_this_run"] == m["steps"] - saved
 
 

@@ -374,7 +374,8 @@ class PathsConfig:
     train_state: str = "${data_dir}/train_state"
     validate: str = "${data_dir}/validate"
     cache: str = "${data_dir}/cache"
-    plots: str = "plots"
+    details: str = "${metrics_dir}/details"  # every figure; metrics/<stage>.json: headline
+    live: str = "dvclive"  # dvclive's curves, images and summaries (train, validate)
 
 
 @dataclass
@@ -396,9 +397,6 @@ class Config:
     vllm: VllmConfig = field(default_factory=VllmConfig)
 
 
-def metrics_path(cfg: Config, stage: str) -> Path:
-    """The metrics file of ``stage`` (``<metrics_dir>/<stage>.json``, as dvc.yaml names it)."""
-    return Path(cfg.metrics_dir) / f"{stage}.json"
 
 
 def register_schema() -> None:

@@ -14,7 +14,6 @@ hardware profile, or a measurement from an earlier run's metrics file.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
@@ -23,7 +22,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline.core.config import Config, ConfigError, metrics_path
+from eagle3_pipeline.core.config import Config, ConfigError
+from eagle3_pipeline.core.metrics import details_path, read_details
 from eagle3_pipeline.data.records import selectable_samples
 from eagle3_pipeline.plan.target_info import TargetInfo
 from eagle3_pipeline.plan.units import (
@@ -38,16 +38,6 @@ FreeBytesFn = Callable[[Path], int]
 
 
 # --------------------------------------------------------------------------- metrics files
-
-
-def read_metrics(cfg: Config, stage: str) -> dict[str, Any] | None:
-    """An earlier run's ``metrics/<stage>.json``, or None (absent or unreadable)."""
-    p = metrics_path(cfg, stage)
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def _hardware_name(metrics: dict[str, Any]) -> str | None:
@@ -96,7 +86,7 @@ def estimate_storage(cfg: Config, target: TargetInfo) -> StorageEstimate:
     dtype = cfg.extract.dtype
     bpt = hidden_state_bytes_per_token(len(captured), hidden, dtype)
     samples, samples_basis = selectable_samples(cfg.data, cfg.train.samples, cfg.seed)
-    prep = read_metrics(cfg, "prepare") or {}
+    prep = read_details(cfg, "prepare") or {}
     mean = prep.get("mean_tokens_per_row")
     if isinstance(mean, (int, float)) and mean > 0:
         rows, convs = prep.get("rows"), prep.get("conversations_train")
@@ -109,7 +99,7 @@ def estimate_storage(cfg: Config, target: TargetInfo) -> StorageEstimate:
         upper, basis = (
             False,
             f"measured: {mean:,.1f} tokens/row x {ratio:.2f} rows/conversation "
-            f"({Path(cfg.metrics_dir) / 'prepare.json'})",
+            f"({details_path(cfg, 'prepare')})",
         )
         mean_f: float | None = float(mean)
     else:
@@ -315,7 +305,7 @@ class TimeEstimate:
 def _measured(cfg: Config, stage: str, key: str) -> tuple[float, str] | None:
     """A rate from an earlier run's metrics, only when measured on this hardware profile
     (and this model, when the file says which)."""
-    m = read_metrics(cfg, stage)
+    m = read_details(cfg, stage)
     if not m or _hardware_name(m) != cfg.hardware.name:
         return None
     model = m.get("model", m.get("target"))
@@ -326,7 +316,7 @@ def _measured(cfg: Config, stage: str, key: str) -> tuple[float, str] | None:
     value = m.get(key)
     if not isinstance(value, (int, float)) or value <= 0:
         return None
-    return float(value), f"measured: {key} in {Path(cfg.metrics_dir) / (stage + '.json')}"
+    return float(value), f"measured: {key} in {details_path(cfg, stage)}"
 
 
 def estimate_time(cfg: Config, storage: StorageEstimate) -> tuple[TimeEstimate, TimeEstimate]:

@@ -14,6 +14,7 @@ from typing import Any
 
 from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.core.io import atomic_write_json
+from eagle3_pipeline.core.metrics import write_stage_metrics
 from eagle3_pipeline.preflight.gpu import VisibleGpu
 
 
@@ -102,8 +103,8 @@ def inventory_path(cfg: Config) -> Path:
     return Path(cfg.paths.inventory)
 
 
-def write_outputs(cfg: Config, result: PreflightResult, metrics_file: Path) -> None:
+def write_outputs(cfg: Config, result: PreflightResult) -> None:
     atomic_write_json(inventory_path(cfg), result.inventory)
     if result.target_fingerprint is not None:
         atomic_write_json(Path(cfg.paths.target_fingerprint), result.target_fingerprint)
-    atomic_write_json(metrics_file, result.metrics)
+    write_stage_metrics(cfg, "preflight", result.metrics)

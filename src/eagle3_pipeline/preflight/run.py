@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.core.config import Config
@@ -159,9 +158,9 @@ def run_preflight(
     )
 
 
-def check_machine(cfg: Config, metrics_file: Path) -> PreflightResult:
-    """Run every check on this machine and write the inventory and ``metrics_file``
-    (written on failure too: the metrics say which check failed and why)."""
+def check_machine(cfg: Config) -> PreflightResult:
+    """Run every check on this machine and write the inventory and the metrics (written
+    on failure too: the metrics say which check failed and why)."""
     result = run_preflight(cfg)
-    write_outputs(cfg, result, metrics_file)
+    write_outputs(cfg, result)
     return result

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import logging
 
-from eagle3_pipeline.core.config import Config, metrics_path
-from eagle3_pipeline.core.io import atomic_write_json
+from eagle3_pipeline.core.config import Config
+from eagle3_pipeline.core.metrics import write_stage_metrics
 from eagle3_pipeline.stages.runner import run_stage
 
 log = logging.getLogger(__name__)
@@ -23,7 +23,7 @@ def run(cfg: Config) -> None:
 
         metrics = extract_hf(cfg)
     name = "extract" if cfg.extract.world_size == 1 else f"extract.rank{cfg.extract.rank}"
-    atomic_write_json(metrics_path(cfg, name), metrics)
+    write_stage_metrics(cfg, name, metrics)
     log.info(
         "extract (%s): %d samples, %d written, %d reused; %.0f tokens/s; %.1f MB written "
         "(%.0f B/token); layers %s",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from eagle3_pipeline.core.config import Config, metrics_path
+from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.core.errors import ConfigError, StageError
 from eagle3_pipeline.preflight.result import render_preflight
 from eagle3_pipeline.preflight.run import check_machine
@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 
 def run(cfg: Config) -> None:
-    result = check_machine(cfg, metrics_path(cfg, "preflight"))
+    result = check_machine(cfg)
     print(render_preflight(result), flush=True)
     if result.passed:
         return

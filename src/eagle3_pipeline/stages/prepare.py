@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import logging
 
-from eagle3_pipeline.core.config import Config, metrics_path
+from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.core.errors import StageError
-from eagle3_pipeline.core.io import atomic_write_json, remove_path
+from eagle3_pipeline.core.io import remove_path
+from eagle3_pipeline.core.metrics import details_path, headline_path, write_stage_metrics
 from eagle3_pipeline.data.conversations import StageInputError
 from eagle3_pipeline.data.prepare import bad_lines_path, heldout_path, prepare, prepared_dir
 from eagle3_pipeline.data.regenerate_server import ServerUnavailable
@@ -20,7 +21,7 @@ log = logging.getLogger(__name__)
 
 def run(cfg: Config, progress: bool = True) -> None:
     stale_outputs = (prepared_dir(cfg), heldout_path(cfg), bad_lines_path(cfg),
-                     metrics_path(cfg, "prepare"))  # fmt: skip
+                     details_path(cfg, "prepare"), headline_path(cfg, "prepare"))  # fmt: skip
     for stale in stale_outputs:
         remove_path(stale)
     try:
@@ -29,7 +30,7 @@ def run(cfg: Config, progress: bool = True) -> None:
         raise StageError(str(exc)) from None
     except ServerUnavailable as exc:
         raise StageError(f"regeneration: {exc}") from None
-    atomic_write_json(metrics_path(cfg, "prepare"), metrics)
+    write_stage_metrics(cfg, "prepare", metrics)
     log.info(
         "prepared %d rows from %d training conversations (%d held out); %d tokens, %d "
         "supervised; dropped %s; errors %s",

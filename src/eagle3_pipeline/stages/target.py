@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import logging
 
-from eagle3_pipeline.core.config import Config, metrics_path
-from eagle3_pipeline.core.io import atomic_write_json
+from eagle3_pipeline.core.config import Config
+from eagle3_pipeline.core.metrics import write_stage_metrics
 from eagle3_pipeline.stages.runner import run_stage
 from eagle3_pipeline.targets.resolve import resolve_target
 
@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 
 def run(cfg: Config) -> None:
     spec, metrics = resolve_target(cfg)
-    atomic_write_json(metrics_path(cfg, "target"), metrics)
+    write_stage_metrics(cfg, "target", metrics)
     log.info(
         "target %s (%s -> vLLM %s): %d layers, hidden %d, vocab %d, aux layers %s",
         spec.name, spec.architecture, spec.vllm_architecture, spec.num_layers,

@@ -2,7 +2,8 @@
 many tokens per target step does it really buy?
 
 Reads data/draft (the train stage's checkpoint), data/target/target.json, the held-out
-prompts data/heldout/prompts.jsonl; writes metrics/validate.json
+prompts data/heldout/prompts.jsonl; writes dvclive/validate/ (the summary DVC shows,
+per-position acceptance, acceptance.png), metrics/details/validate.json (every figure)
 and data/validate/ (report.md, acceptance.png, README.md: the model card). Fails when the
 checkpoint validator finds errors, or when float32 speculative decoding is not lossless.
 """
@@ -12,8 +13,10 @@ from __future__ import annotations
 import logging
 
 from eagle3_pipeline.core.config import Config
-from eagle3_pipeline.core.io import atomic_dir, atomic_write_json, remove_path
+from eagle3_pipeline.core.io import atomic_dir, remove_path
+from eagle3_pipeline.core.metrics import write_stage_metrics
 from eagle3_pipeline.stages.runner import run_stage
+from eagle3_pipeline.validate.live import write_live
 from eagle3_pipeline.validate.report import validation_files
 from eagle3_pipeline.validate.run import paths, runtime, validate_draft
 
@@ -26,10 +29,12 @@ def run(cfg: Config) -> None:
     for stale in (p["metrics"], p["out"]):
         remove_path(stale)
     metrics, context = validate_draft(cfg, device, dtype)
+    files = validation_files(context)
     with atomic_dir(p["out"]) as tmp:
-        for name, content in validation_files(context).items():
+        for name, content in files.items():
             (tmp / name).write_bytes(content)
-    atomic_write_json(p["metrics"], metrics)
+    write_stage_metrics(cfg, "validate", metrics)
+    write_live(p["live"], metrics, files["acceptance.png"])
     log.info("acceptance length %.3f at K=%d (%d prompts, %d tokens, %d steps); lossless: %s",
              metrics["acceptance_length"] or 0.0, metrics["k"], metrics["prompts"],
              metrics["tokens"], metrics["verification_steps"], metrics["lossless"])

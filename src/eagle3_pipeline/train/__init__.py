@@ -7,6 +7,6 @@
   prepared rows, hidden states).
 - :mod:`.loop` -- the trainer, over :mod:`.batches` (speculators' data path) and
   :mod:`.distributed` (process group, collectives, DDP / FSDP2).
-- :mod:`.state` (resume), :mod:`.save` (the draft), :mod:`.plots` (curves),
+- :mod:`.state` (resume), :mod:`.save` (the draft), :mod:`.live` (curves, through dvclive),
   :mod:`.metrics` (metrics/train.json).
 """

@@ -16,8 +16,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline.core.config import Config, metrics_path
+from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.core.errors import StageError
+from eagle3_pipeline.core.metrics import details_path
 from eagle3_pipeline.core.processes import group_members, process_group
 from eagle3_pipeline.train.plan import plan_training
 from eagle3_pipeline.train.run import train
@@ -107,7 +108,7 @@ def gpu_reading(cfg: Config) -> dict[str, Any]:
     if after.get("mode") != "cuda":
         return {"mode": "not applicable", "reason": after.get("reason", "no GPU")}
     before: dict[str, Any] | None = None
-    pre = metrics_path(cfg, "preflight")
+    pre = details_path(cfg, "preflight")
     if pre.is_file():
         data = json.loads(pre.read_text(encoding="utf-8"))
         before = data.get("snapshot")  # written by the preflight stage

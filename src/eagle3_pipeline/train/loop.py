@@ -38,9 +38,9 @@ from eagle3_pipeline.train.distributed import (
 )
 from eagle3_pipeline.train.errors import SimulatedFailure
 from eagle3_pipeline.train.inputs import target_model_dir
+from eagle3_pipeline.train.live import History, LiveCurves
 from eagle3_pipeline.train.metrics import accumulate, summarize
 from eagle3_pipeline.train.plan import TrainPlan
-from eagle3_pipeline.train.plots import History
 from eagle3_pipeline.train.runtime import cuda_attention, cuda_loss
 from eagle3_pipeline.train.state import load_state, save_state
 
@@ -110,6 +110,7 @@ class DraftTrainer:
         self.optimizer, self.scheduler = build_optimizer(self.model, self.t, self.total_steps)
         self.global_step = 0
         self.history = History()
+        self.curves: LiveCurves | None = None  # rank 0 only, from run() on
         self.val_loss_untrained: float | None = None
         self.val_untrained: dict[str, Any] | None = None
         self.last_val: dict[str, Any] | None = None
@@ -254,6 +255,8 @@ class DraftTrainer:
             start_epoch, skip = 0, 0
         else:
             start_epoch, skip = resume
+        if self.d.main:
+            self.curves = LiveCurves(self.plan.paths.live, self.history)
         bar = tqdm(total=self.total_steps, initial=self.global_step, desc="train draft",
                    unit="step", mininterval=1.0, disable=not (self.progress and self.d.main))
         try:
@@ -316,8 +319,10 @@ class DraftTrainer:
         run.tokens += sums["tokens_sum"]
         run.train_s += dt
         row = summarize(sums, self.k)
-        self.history.log_step(self.global_step, epoch, row, out["lr"],
-                              sums["tokens_sum"] / dt if dt else 0.0)
+        point = self.history.log_step(self.global_step, epoch, row, out["lr"],
+                                      sums["tokens_sum"] / dt if dt else 0.0)
+        if self.curves is not None:
+            self.curves.log_step(point)
         bar.update(1)
         bar.set_postfix(loss=f"{row['loss']:.3f}",
                         acc0=f"{row['accuracy_per_position'][0]:.2f}", refresh=False)
@@ -332,7 +337,9 @@ class DraftTrainer:
     def _end_epoch(self, epoch: int) -> None:
         """Validate, record the epoch's curve point and save the state at its end."""
         val = self.validate()
-        self.history.log_epoch(epoch, self.global_step, val)
+        point = self.history.log_epoch(epoch, self.global_step, val)
+        if self.curves is not None:
+            self.curves.log_epoch(point)
         log.info("epoch %d: val loss %.4f, per-position accuracy %s", epoch,
                  val["loss"], [round(a, 3) for a in val["accuracy_per_position"]])
         # resumes at the start of the next epoch; finished after the last one

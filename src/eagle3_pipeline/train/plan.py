@@ -12,7 +12,7 @@ import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from eagle3_pipeline.core.config import Config, metrics_path
+from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.draft.shape import DraftShape, check_train_config, special_token_ids
 from eagle3_pipeline.targets.adapter import TargetSpec, load_target_spec
 from eagle3_pipeline.train.errors import TrainingError
@@ -27,8 +27,7 @@ class TrainPaths:
     hidden_states: Path
     draft: Path
     state: Path
-    metrics: Path
-    plots: Path
+    live: Path  # dvclive's directory for this stage
 
     @classmethod
     def from_config(cls, cfg: Config) -> TrainPaths:
@@ -39,8 +38,7 @@ class TrainPaths:
             hidden_states=Path(paths.hidden_states),
             draft=Path(paths.draft),
             state=Path(paths.train_state),
-            metrics=metrics_path(cfg, "train"),
-            plots=Path(paths.plots) / "train",
+            live=Path(paths.live) / "train",
         )
 
 

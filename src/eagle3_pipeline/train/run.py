@@ -10,13 +10,12 @@ from eagle3_pipeline.train.distributed import close_distributed, init_distribute
 from eagle3_pipeline.train.loop import DraftTrainer
 from eagle3_pipeline.train.metrics import run_metrics
 from eagle3_pipeline.train.plan import plan_training
-from eagle3_pipeline.train.plots import write_plots
 from eagle3_pipeline.train.save import save_draft
 from eagle3_pipeline.train.state import full_state_dict
 
 
 def train(cfg: Config, progress: bool = True) -> dict[str, Any]:
-    """Train (or resume) the draft; on rank 0 write data/draft and the plots.
+    """Train (or resume) the draft; on rank 0 write data/draft and the curves (dvclive).
 
     Returns the metrics dict (rank 0) or ``{}`` on other ranks.
     """
@@ -32,7 +31,8 @@ def train(cfg: Config, progress: bool = True) -> dict[str, Any]:
             return {}
         config = save_draft(trainer.model, plan.paths.draft, cfg.train.speculative_tokens,
                             state_dict=full)
-        write_plots(trainer.history, plan.paths.plots, trainer.k)
+        if trainer.curves is not None:
+            trainer.curves.finish(trainer.history, trainer.k)
         return run_metrics(cfg, trainer, result, config, time.perf_counter() - t_start)
     finally:
         close_distributed(d)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eagle3_pipeline.core.io import atomic_write_bytes, atomic_write_json
-from eagle3_pipeline.train.plots import History
+from eagle3_pipeline.train.live import History
 
 if TYPE_CHECKING:
     from eagle3_pipeline.train.loop import DraftTrainer

@@ -14,8 +14,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline.core.config import Config, ConfigError, metrics_path
+from eagle3_pipeline.core.config import Config, ConfigError
 from eagle3_pipeline.core.errors import StageError
+from eagle3_pipeline.core.metrics import details_path
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +28,8 @@ def paths(cfg: Config) -> dict[str, Path]:
         "draft": Path(paths.draft),
         "prompts": Path(paths.heldout) / "prompts.jsonl",
         "out": Path(paths.validate),
-        "metrics": metrics_path(cfg, "validate"),
+        "metrics": details_path(cfg, "validate"),
+        "live": Path(paths.live) / "validate",
     }
 
 

@@ -1,0 +1,140 @@
+"""The run's curves through dvclive: step metrics (``train/loss``, ``train/acc_<i>``,
+``train/lr``, ``train/tokens_per_s``), epoch metrics (``val/loss``, ``val/acc_<i>``) at the
+optimizer step they were measured, the ``curves.png`` image, and the summary DVC shows.
+
+Why dvclive: its per-metric TSV files under ``dvclive/train/plots/metrics/`` are appended
+as training runs, so ``dvc exp run`` (and DVC's VS Code extension) shows live curves,
+``dvc plots diff`` compares runs step by step, and the summary is ``dvc exp show``'s
+column set -- with no plotting code of ours beyond the one PNG people look at first.
+
+Resume: the curves of a killed run live in the resumable state (:class:`History`), not in
+dvclive's files (a kill can land between the two). A resumed run starts dvclive afresh and
+replays the history, so its files equal an uninterrupted run's, timestamps aside.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eagle3_pipeline.core.metrics import open_live
+
+
+@dataclass
+class History:
+    """Every curve point of the run so far; saved in the training state."""
+
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    epochs: list[dict[str, Any]] = field(default_factory=list)
+
+    def log_step(self, step: int, epoch: int, summary: dict[str, Any], lr: float,
+                 tokens_per_s: float) -> dict[str, Any]:
+        """One optimizer step (``summary``: :func:`metrics.summarize` of its sums)."""
+        row = {
+            "step": step, "epoch": epoch, "loss": summary["loss"],
+            **{f"acc_{i}": a for i, a in enumerate(summary["accuracy_per_position"])},
+            "lr": lr, "tokens_per_s": tokens_per_s,
+        }  # fmt: skip
+        self.steps.append(row)
+        return row
+
+    def log_epoch(self, epoch: int, step: int, val: dict[str, Any]) -> dict[str, Any]:
+        """The validation at the end of an epoch (or of the run)."""
+        row = {
+            "epoch": epoch, "step": step, "val_loss": val["loss"],
+            **{f"val_acc_{i}": a for i, a in enumerate(val["accuracy_per_position"])},
+        }  # fmt: skip
+        self.epochs.append(row)
+        return row
+
+
+class LiveCurves:
+    """dvclive for one training run on rank 0."""
+
+    def __init__(self, directory: Path, history: History) -> None:
+        self.directory = directory
+        self.live = open_live(directory)
+        by_step: dict[int, list[dict[str, Any]]] = {}
+        for e in history.epochs:
+            by_step.setdefault(e["step"], []).append(e)
+        for row in history.steps:
+            self.log_step(row, summary=False)
+            for e in by_step.get(row["step"], []):
+                self.log_epoch(e)
+
+    def log_step(self, row: dict[str, Any], summary: bool = False) -> None:
+        self.live.step = row["step"]
+        for key, value in row.items():
+            if key not in ("step", "epoch"):
+                self.live.log_metric(f"train/{key}", value)
+        if summary:
+            self.summary()
+
+    def log_epoch(self, row: dict[str, Any]) -> None:
+        self.live.step = row["step"]
+        for key, value in row.items():
+            if key.startswith("val_"):
+                self.live.log_metric(f"val/{key[4:]}", value)
+        self.summary()
+
+    def summary(self) -> None:
+        """Write the summary without the per-step noise (the last step's accuracies, lr and
+        tokens/s): it is what ``dvc exp show`` puts in columns."""
+        train = self.live.summary.get("train")
+        if isinstance(train, dict):
+            self.live.summary["train"] = {"loss": train["loss"]} if "loss" in train else {}
+        self.live.make_summary()
+
+    def finish(self, history: History, k: int) -> None:
+        """The curves image and the summary; the stage adds its headline afterwards."""
+        import matplotlib.pyplot as plt
+
+        fig = curves_figure(history, k)
+        self.live.log_image("curves.png", fig)
+        plt.close(fig)
+        self.summary()
+
+
+# The figures of metrics/details/train.json that dvc exp show carries besides the curves'
+# last points (step, train.loss, val.loss, val.acc_<i>): what a user decides on.
+HEADLINE_KEYS = ("val_loss_untrained", "tokens_per_s")
+
+
+def write_summary(directory: Path, metrics: dict[str, Any]) -> dict[str, Any]:
+    """Add the stage's headline figures to dvclive's summary (values copied from
+    ``metrics``, never recomputed) and return the summary as written."""
+    live = open_live(directory, resume=True)
+    for key in HEADLINE_KEYS:
+        if isinstance(metrics.get(key), (int, float)) and not isinstance(metrics[key], bool):
+            live.log_metric(key, metrics[key], plot=False)
+    if isinstance(live.summary.get("step"), int):  # resume moved it one past the last step
+        live.step = live.summary["step"]
+    live.make_summary()
+    return dict(live.summary)
+
+
+def curves_figure(history: History, k: int) -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_l, ax_a) = plt.subplots(1, 2, figsize=(11, 4))
+    steps = [r["step"] for r in history.steps]
+    ax_l.plot(steps, [r["loss"] for r in history.steps], lw=0.8, label="train loss")
+    if history.epochs:
+        ax_l.plot([r["step"] for r in history.epochs], [r["val_loss"] for r in history.epochs],
+                  "o-", label="val loss")  # fmt: skip
+    ax_l.set_xlabel("step")
+    ax_l.set_ylabel("loss (sum over TTT steps)")
+    ax_l.legend()
+    for i in range(k):
+        ax_a.plot([r["step"] for r in history.epochs],
+                  [r[f"val_acc_{i}"] for r in history.epochs], "o-", label=f"val acc pos {i}")  # fmt: skip
+    ax_a.set_xlabel("step")
+    ax_a.set_ylabel("accuracy (all positions <= i correct)")
+    ax_a.set_ylim(0, 1)
+    ax_a.legend()
+    fig.tight_layout()
+    return fig

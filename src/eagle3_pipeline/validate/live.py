@@ -1,0 +1,46 @@
+"""The validate stage's figures through dvclive: the summary DVC shows (acceptance length,
+vLLM's acceptance and speedup, losslessness), per-position acceptance as a plot that
+``dvc plots diff`` compares across experiments, and ``acceptance.png``.
+
+Values are copied from the stage's metrics (``metrics/details/validate.json``), never
+recomputed, so the summary and the details cannot disagree.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from eagle3_pipeline.core.metrics import open_live
+
+# The figures a user decides on (when present: the vLLM ones need validate.vllm=true).
+HEADLINE_KEYS = (
+    "acceptance_length", "vllm_acceptance_length", "vllm_speedup", "lossless",
+    "vllm_lossless", "k",
+)  # fmt: skip
+
+
+def write_live(directory: Path, metrics: dict[str, Any], png: bytes) -> dict[str, Any]:
+    """Write dvclive's files for one validation; return the summary as written."""
+    live = open_live(directory)
+    for key in HEADLINE_KEYS:
+        value = metrics.get(key)
+        if isinstance(value, (int, float, str)) and not isinstance(value, bool):
+            live.log_metric(key, value, plot=False)
+        elif isinstance(value, bool):
+            live.summary[key] = value  # dvclive logs numbers; a verdict stays a boolean
+    # the evaluator's rates (vLLM's agree within validate.vllm_agreement_tol, checked by
+    # the stage; both lists stay in the details)
+    points = [{"position": i, "acceptance": rate}
+              for i, rate in enumerate(metrics.get("per_position_rate") or [])]  # fmt: skip
+    live.log_plot("acceptance_per_position", points, x="position", y="acceptance",
+                  template="linear", title="accepted at each draft position (share of steps)",
+                  x_label="draft position", y_label="acceptance rate")  # fmt: skip
+    image = directory / "acceptance.png.tmp"
+    image.write_bytes(png)
+    try:
+        live.log_image("acceptance.png", image)
+    finally:
+        image.unlink(missing_ok=True)
+    live.make_summary()
+    return dict(live.summary)
