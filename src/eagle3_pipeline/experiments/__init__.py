@@ -1,0 +1,1 @@
+"""Across experiments: which setting gave the best draft (``eagle3-compare``)."""
