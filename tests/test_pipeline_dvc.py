@@ -108,13 +108,25 @@ def test_repro_end_to_end_then_cached_then_train_only_change(repo_copy: Path):
     lock1 = _lock(repo_copy)
     assert set(lock1) == set(STAGES)
 
-    # every stage left its metrics; dvc shows them
+    # every stage left its details and its headline; dvc shows the headlines only
+    headline = {stage: f"metrics/{stage}.json" for stage in STAGES[:4]}
+    headline |= {stage: f"dvclive/{stage}/metrics.json" for stage in STAGES[4:]}
     for stage in STAGES:
-        assert (repo_copy / "metrics" / f"{stage}.json").is_file(), stage
-    shown = _dvc(repo_copy, "metrics", "show", "--json").stdout
-    metrics = json.loads(shown)
-    assert metrics, "dvc metrics show returned nothing"
+        assert (repo_copy / "metrics/details" / f"{stage}.json").is_file(), stage
+    shown = json.loads(_dvc(repo_copy, "metrics", "show", "--json").stdout)
+    files = next(iter(shown.values()))["data"]
+    assert set(files) == set(headline.values()), sorted(files)
+    table = _dvc(repo_copy, "metrics", "show").stdout.splitlines()
+    assert max(map(len, table)) <= 130, "\n".join(table)  # a terminal line, or close to it
     validate = json.loads((repo_copy / "metrics/details/validate.json").read_text())
+    # dvclive's summaries carry the stages' figures unchanged
+    summary = json.loads((repo_copy / headline["validate"]).read_text())
+    for key in ("acceptance_length", "vllm_acceptance_length", "vllm_speedup", "k"):
+        assert summary[key] == validate[key], key
+    assert summary["lossless"] is validate["lossless"]
+    trained = json.loads((repo_copy / "metrics/details/train.json").read_text())
+    summary = json.loads((repo_copy / headline["train"]).read_text())
+    assert summary["val"]["loss"] == trained["val_loss"] and summary["step"] == trained["steps"]
     # our figure is the one its per-position counts give, and the trained draft buys
     # tokens (about 2.7 with this reduced config; an untrained draft scores about 1)
     steps, per_pos = validate["verification_steps"], validate["accepted_per_pos"]
@@ -171,6 +183,19 @@ def test_repro_end_to_end_then_cached_then_train_only_change(repo_copy: Path):
     assert extracted["samples_reused"] == rows_before
     assert extracted["samples_written"] == prepared["rows"] - rows_before
     lock3 = lock4
+
+    # the experiments side by side: DVC's plots diff (offline page) and eagle3-compare
+    baseline = _run(repo_copy, "git", "rev-parse", "HEAD~1").stdout.strip()
+    _dvc(repo_copy, "plots", "diff", baseline, "workspace", "-o", "plots_diff")
+    page = (repo_copy / "plots_diff/index.html").read_text()
+    assert "cdn.jsdelivr.net" not in page and "vega-embed 6.29.0" in page
+    assert baseline[:7] in page and "workspace" in page and "train_loss_tsv" in page
+    compare = _run(repo_copy, sys.executable, "-m", "eagle3_pipeline.experiments.compare",
+                   "-A", "--out", "compare.png").stdout.splitlines()
+    assert compare[0].split()[:3] == ["experiment", "train.samples", "train.lr"], compare
+    rows = [line.split() for line in compare[2:-1]]
+    assert {(r[1], r[2]) for r in rows} >= {("24", "0.003"), ("24", "0.002"), (str(samples), "0.002")}
+    assert (repo_copy / "compare.png").read_bytes()[:4] == b"\x89PNG"
 
     # a typo in -S is refused by the schema before any stage runs
     bad = subprocess.run(
