@@ -212,7 +212,8 @@ def test_a_local_target_changed_in_place_reruns_the_graph(
 ) -> None:
     """With ``model.path`` the checkpoint lives outside the repo. Preflight fingerprints it
     (small files by content, shards by size and mtime) into a file the target stage depends
-    on: an unchanged checkpoint reruns nothing, a changed shard or tokenizer reruns target."""
+    on: an unchanged checkpoint reruns nothing, a changed shard or tokenizer reruns target.
+    A local data file is fingerprinted the same way (by content) for prepare."""
     import json
 
     local = tmp_path / "checkpoint"
@@ -235,3 +236,19 @@ def test_a_local_target_changed_in_place_reruns_the_graph(
     tok = local / "tokenizer_config.json"
     tok.write_text(tok.read_text() + "\n")  # same size class, new content
     assert _repro(repo, "target") == "ran"
+
+    # a local data file, edited in place (same size, new content), reruns prepare
+    line = {"messages": [{"role": "user", "content": "What is a list?"},
+                         {"role": "assistant", "content": "An ordered sequence."}]}
+    data = tmp_path / "chats.jsonl"
+    data.write_text("".join(json.dumps(line) + "\n" for _ in range(4)))
+    subprocess.run([sys.executable, "-m", "eagle3_pipeline.core.compose", "model.tiny=null",
+                    f"model.path={local}", "validate.vllm=false", "data.source=file",
+                    f"data.path={data}", "data.regenerate=false", "data.heldout_size=1",
+                    "train.samples=3"], cwd=repo, check=True, capture_output=True)
+    assert _repro(repo, "prepare") == "ran"
+    assert _repro(repo, "prepare") == "skipped"
+    data.write_text(data.read_text().replace("list", "LIST"))
+    assert _repro(repo, "prepare") == "ran"
+    fp = json.loads((repo / "data/preflight/data_fingerprint.json").read_text())
+    assert fp["size"] == data.stat().st_size and len(fp["sha256"]) == 64

@@ -293,7 +293,7 @@ def test_cpu_mode_passes_for_the_cpu_profile(tmp_path):
     )
     assert res.passed and res.mode == "cpu" and res.inventory == {"mode": "cpu"}
     # the real vLLM environment, probed: the CPU build, its CLI answering
-    assert [c.name for c in res.checks] == ["target", "driver", "packages", "disk", "vllm"]
+    assert [c.name for c in res.checks] == ["target", "data", "driver", "packages", "disk", "vllm"]
     assert res.metrics["vllm"]["cpu_build"] is True and res.metrics["vllm"]["cli_version"]
 
 
@@ -377,3 +377,4 @@ def test_stage_help():
         check=True,
     )
     assert "preflight" in out.stdout and "--params" in out.stdout
+

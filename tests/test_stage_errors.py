@@ -30,6 +30,21 @@ def test_a_missing_model_path_is_one_line_naming_it(tmp_path: Path, monkeypatch,
     assert not (tmp_path / "data/preflight/target_fingerprint.json").exists()
 
 
+def test_a_missing_data_file_is_one_line_naming_it(tmp_path: Path, monkeypatch, capsys) -> None:
+    from eagle3_pipeline.stages.preflight import main
+
+    shutil.copytree(ROOT / "conf", tmp_path / "conf")
+    monkeypatch.chdir(tmp_path)
+    missing = tmp_path / "nope.jsonl"
+    with pytest.raises(SystemExit) as exc:
+        main(["data.source=file", f"data.path={missing}", "preflight.strict=false",
+              "validate.vllm=false"])  # fmt: skip
+    assert exc.value.code == 1  # strict=false does not wave a config error through
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error:")]
+    assert err == [f"error: preflight: data.path={missing}: no such file; point data.path at "
+                   "a JSONL or JSON file of conversations (or use data.source=builtin)"]
+
+
 @pytest.fixture(scope="module")
 def committed_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return repo_copy(tmp_path_factory.mktemp("exp_repo"), commit=True)

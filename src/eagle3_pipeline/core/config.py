@@ -365,6 +365,7 @@ class PathsConfig:
 
     inventory: str = "${data_dir}/preflight/inventory.json"
     target_fingerprint: str = "${data_dir}/preflight/target_fingerprint.json"
+    data_fingerprint: str = "${data_dir}/preflight/data_fingerprint.json"
     target: str = "${data_dir}/target"
     prepared: str = "${data_dir}/prepared"
     heldout: str = "${data_dir}/heldout"

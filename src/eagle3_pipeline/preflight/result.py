@@ -37,6 +37,7 @@ class PreflightResult:
     strict: bool = True
     visible: list[VisibleGpu] = field(default_factory=list)
     target_fingerprint: dict[str, Any] | None = None  # None: the target was not found
+    data_fingerprint: dict[str, Any] | None = None
 
     @property
     def passed(self) -> bool:
@@ -107,4 +108,6 @@ def write_outputs(cfg: Config, result: PreflightResult) -> None:
     atomic_write_json(inventory_path(cfg), result.inventory)
     if result.target_fingerprint is not None:
         atomic_write_json(Path(cfg.paths.target_fingerprint), result.target_fingerprint)
+    if result.data_fingerprint is not None:
+        atomic_write_json(Path(cfg.paths.data_fingerprint), result.data_fingerprint)
     write_stage_metrics(cfg, "preflight", result.metrics)

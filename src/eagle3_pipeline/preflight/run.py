@@ -17,6 +17,7 @@ from typing import Any
 
 from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.plan.resources import FreeBytesFn, free_bytes
+from eagle3_pipeline.preflight.data import check_data_file
 from eagle3_pipeline.preflight.disk import check_disk
 from eagle3_pipeline.preflight.gpu import (
     GpuError,
@@ -117,7 +118,8 @@ def run_preflight(
     vers = package_versions() if versions is None else versions
     checks.append(check_packages(cfg, vers))
     target_check, fingerprint = check_target_files(cfg)
-    checks.insert(0, target_check)
+    data_check, data_fingerprint = check_data_file(cfg)
+    checks[:0] = [target_check, data_check]
     disk_info: dict[str, Any] | None = None
     if target_check.passed:  # the estimate reads the target's config
         disk_check, disk_info = check_disk(cfg, free_fn)
@@ -154,7 +156,7 @@ def run_preflight(
     }
     return PreflightResult(
         checks, mode, inventory(mode, visible), metrics, cfg.preflight.strict, visible,
-        fingerprint,
+        fingerprint, data_fingerprint,
     )
 
 

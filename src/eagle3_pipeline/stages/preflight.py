@@ -26,9 +26,9 @@ def run(cfg: Config) -> None:
     print(render_preflight(result), flush=True)
     if result.passed:
         return
-    target = next(c for c in result.checks if c.name == "target")
-    if not target.passed:  # a config error: no strictness setting makes the graph run
-        raise ConfigError(target.problems[0])
+    for check in result.checks:  # a config error: no strictness setting makes the graph run
+        if check.name in ("target", "data") and not check.passed:
+            raise ConfigError(check.problems[0])
     n = len(result.problems)
     if cfg.preflight.strict:
         raise StageError(f"{n} problem(s) found (preflight.strict=false turns them into warnings)")

@@ -1,0 +1,49 @@
+"""Preflight's view of the training data: is the file there, and a fingerprint of it.
+
+A local data file (``data.source=file``) lives wherever the user keeps it, often outside
+the repository, so it cannot be a fixed DVC dependency of prepare (``data.path`` is a
+param, and it is null for the built-in corpus). Without one, editing the file in place
+would rerun nothing and the draft would train on data that no longer exists. So preflight,
+which runs on every ``dvc repro``, writes ``paths.data_fingerprint`` -- the file's size
+and SHA-256, read once and then remembered by path, size, mtime and inode under
+``paths.cache`` -- and prepare depends on that small file.
+
+A missing file is a config error found here, before the target is built.
+"""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+from typing import Any
+
+from eagle3_pipeline.core.config import Config
+from eagle3_pipeline.preflight.result import Check
+from eagle3_pipeline.targets.fingerprint import HashCache
+
+HASH_CACHE = "data_sha256.json"  # under paths.cache
+
+
+def check_data_file(cfg: Config) -> tuple[Check, dict[str, Any]]:
+    """The ``data`` check and what prepare's inputs are, as a fingerprint."""
+    d = cfg.data
+    source = str(d.source)
+    if source == "builtin":  # generated from the Python install's pydoc topics
+        return (Check("data", True, "built-in corpus"),
+                {"source": source, "python": platform.python_version()})  # fmt: skip
+    if source != "file":
+        return (Check("data", True, f"{source} dataset {d.path} (read by prepare)"),
+                {"source": source, "path": d.path, "split": d.split})  # fmt: skip
+    path = Path(str(d.path))
+    if not path.is_file():
+        return (Check("data", False, "not found", [
+            f"data.path={d.path}: no such file; point data.path at a JSONL or JSON file of "
+            "conversations (or use data.source=builtin)"]),
+            {"source": source, "path": str(d.path), "missing": True})  # fmt: skip
+    cache = HashCache(Path(cfg.paths.cache) / HASH_CACHE)
+    st = path.stat()
+    digest = cache.sha256(path, st)
+    cache.save()
+    return (Check("data", True, f"{path}: {st.st_size:,} bytes, sha256 {digest[:12]}"),
+            {"source": source, "path": str(path.resolve()), "size": st.st_size,
+             "sha256": digest})  # fmt: skip
