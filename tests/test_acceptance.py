@@ -57,6 +57,12 @@ def single_thread():
 
 @pytest.fixture(scope="module")
 def setup(tiny_target: Path, single_thread: None) -> Setup:
+    s = make_setup(tiny_target)
+    yield s
+    s.target.close()
+
+
+def make_setup(workdir: Path) -> Setup:
     from transformers import AutoTokenizer
 
     from eagle3_pipeline.data.conversations import render_ids
@@ -64,17 +70,15 @@ def setup(tiny_target: Path, single_thread: None) -> Setup:
     from eagle3_pipeline.targets.adapter import load_target_spec
     from eagle3_pipeline.validate.run import stop_token_ids
 
-    spec = load_target_spec(tiny_target / "data" / "target" / "target.json")
-    spec = dataclasses.replace(spec, path=str(tiny_target / spec.path))
+    spec = load_target_spec(workdir / "data" / "target" / "target.json")
+    spec = dataclasses.replace(spec, path=str(workdir / spec.path))
     tok = AutoTokenizer.from_pretrained(spec.path)
     convs = builtin_conversations(0)
     prompts = [Prompt(str(i), render_ids(tok, c["messages"][:1], generation_prompt=True))
                for i, c in enumerate(convs[:N_PROMPTS])]
     train = [render_ids(tok, c["messages"][:2], generation_prompt=False)[:256]
              for c in convs[N_PROMPTS : N_PROMPTS + 60]]
-    target = Target.load(spec)
-    yield Setup(spec, target, prompts, train, stop_token_ids(spec.path))
-    target.close()
+    return Setup(spec, Target.load(spec), prompts, train, stop_token_ids(spec.path))
 
 
 def new_draft(s: Setup, seed: int = 0) -> Any:
@@ -95,7 +99,11 @@ def untrained(setup: Setup) -> Any:
 
 @pytest.fixture(scope="module")
 def trained(setup: Setup) -> Any:
-    """A draft trained for 120 steps with speculators' own forward + loss on the target's
+    return train_draft(setup, 120)
+
+
+def train_draft(setup: Setup, steps: int) -> Any:
+    """A draft trained for ``steps`` steps with speculators' own forward + loss on the target's
     hidden states of corpus conversations (the extract stage's layout, shifted as
     ``shift_batch`` does)."""
     from speculators.losses import resolve_loss_config
@@ -109,7 +117,7 @@ def trained(setup: Setup) -> Any:
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-3)
     loss_config = resolve_loss_config("kl_div", "eager")
     rng = random.Random(0)
-    for _ in range(120):
+    for _ in range(steps):
         h, ids, last = samples[rng.randrange(len(samples))]
         n = ids.shape[0]
         _, loss, _ = model(
@@ -223,3 +231,37 @@ def test_load_prompts_names_bad_rows(tmp_path: Path) -> None:
         load_prompts(path, vocab_size=2048)
     path.write_text(json.dumps({"id": "a", "prompt_ids": [1, 2]}) + "\n")
     assert load_prompts(path) == [Prompt("a", [1, 2])]
+
+
+# --------------------------------------------------------------------------- KV caches
+
+
+def _same_decoding(s: Setup, draft: Any, max_new: int) -> Any:
+    """Both evaluators on the same prompts: identical tokens and counts, prompt by prompt
+    (the pooled result returned)."""
+    sd = SpeculatorsDraft(draft)
+    plain, plain_rows = measure(s.target, sd, s.prompts, K, max_new, s.stops)
+    cached, cached_rows = measure(s.target, sd, s.prompts, K, max_new, s.stops, kv_cache=True)
+    assert cached.to_dict() == plain.to_dict()
+    for a, b in zip(plain_rows, cached_rows, strict=True):
+        assert dataclasses.asdict(a) == dataclasses.asdict(b)
+    return plain
+
+
+def test_kv_cache_evaluator_is_identical_on_tiny_kimi(setup: Setup, trained: Any,
+                                                      untrained: Any) -> None:
+    r = _same_decoding(setup, trained, 48)
+    assert r.accepted == K * r.steps  # every draft kept: the caches only grow
+    r = _same_decoding(setup, untrained, 48)
+    assert r.accepted == 0  # every draft rejected: the target's cache rolls back K each step
+
+
+def test_kv_cache_evaluator_is_identical_on_tiny_llama(tiny_llama_target: Path,
+                                                        single_thread: None) -> None:
+    s = make_setup(tiny_llama_target)
+    try:
+        r = _same_decoding(s, train_draft(s, 60), 48)
+        # some steps keep only part of the K drafts: rollbacks of 1..K-1 positions
+        assert r.accepted_per_pos[0] > r.accepted_per_pos[-1], r.accepted_per_pos
+    finally:
+        s.target.close()

@@ -347,6 +347,9 @@ class ValidateConfig:
     dtype: Dtype | None = None  # null: float32 on cpu, model.dtype on cuda
     # In float32 a divergence from plain greedy decoding is a bug: fail the stage.
     require_lossless: bool = True
+    # Our evaluator with KV caches for target and draft (same tokens and counts as without,
+    # without recomputing every prefix: what makes an 8B target on one GPU affordable)
+    kv_cache: bool = True
     # Serve target + draft in vLLM, read its spec-decode counters, compare them with ours,
     # check losslessness and measure single-stream tokens/s with and without the draft.
     vllm: bool = True

@@ -18,10 +18,10 @@ output at the previous position (before its final norm) with the embedding of th
 it just proposed, one position further, attending to every earlier position (the TTT
 attention pattern). Draft ids map to target ids through ``d2t`` (target = i + d2t[i]).
 
-Cost, on purpose: correctness first. The target recomputes the whole prefix for every
-verification (no KV cache), and the draft re-reads the whole prefix every round (a KV
-cache only within a round's chain). On the tiny target this costs seconds; on a real
-target the vLLM path (``vllm_validate``) is the production measurement.
+Two implementations of the same decoding: this module's recomputes the whole prefix for
+every verification and the draft re-reads it every round (correctness first, the
+reference), and :mod:`eagle3_pipeline.validate.kv_cache` keeps KV caches for both
+(``validate.kv_cache``, the default), with identical tokens and counts.
 """
 
 from __future__ import annotations
@@ -390,8 +390,12 @@ def measure(
     stop_ids: Iterable[int],
     check_lossless: bool = True,
     progress: bool = False,
+    kv_cache: bool = False,
 ) -> tuple[AcceptanceResult, list[PromptResult]]:
-    """Speculative decoding of every prompt, each compared with plain greedy decoding."""
+    """Speculative decoding of every prompt, each compared with plain greedy decoding.
+
+    ``kv_cache``: decode with KV caches (:mod:`eagle3_pipeline.validate.kv_cache`; needs a
+    :class:`SpeculatorsDraft`): the same tokens and counts without recomputing prefixes."""
     if k < 1:
         raise ConfigError(f"K={k} must be >= 1")
     if max_new_tokens < 1:
@@ -403,10 +407,25 @@ def measure(
         from tqdm import tqdm
 
         it = tqdm(prompts, desc=f"speculative decoding (K={k})", unit="prompt")
+    decode: Any = speculative_decode
+    reference: Any = greedy_decode
+    model: Any = target
+    if kv_cache:
+        from eagle3_pipeline.validate.kv_cache import (
+            CachedDraft,
+            CachedTarget,
+            greedy_decode_cached,
+            speculative_decode_cached,
+        )
+
+        if not isinstance(draft, SpeculatorsDraft):
+            raise ConfigError(f"kv_cache needs a SpeculatorsDraft, not {type(draft).__name__}")
+        model, draft = CachedTarget(target), CachedDraft(draft)
+        decode, reference = speculative_decode_cached, greedy_decode_cached
     for p in it:
-        r = speculative_decode(target, draft, p, k, max_new_tokens, stop)
+        r = decode(model, draft, p, k, max_new_tokens, stop)
         if check_lossless:
-            ref = greedy_decode(target, p.prompt_ids, max_new_tokens, stop)
+            ref = reference(model, p.prompt_ids, max_new_tokens, stop)
             r.lossless = r.tokens == ref.tokens
             if not r.lossless:
                 pairs = zip(r.tokens, ref.tokens, strict=False)

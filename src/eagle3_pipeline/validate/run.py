@@ -103,7 +103,8 @@ def measure_acceptance(cfg: Config, spec: Any, draft_dir: Path, prompts_path: Pa
         model = load_draft(draft_dir, spec.path, attn_implementation="sdpa", device=device)
         draft = SpeculatorsDraft(model, device=target.device, dtype=getattr(torch, dtype))
         result, _ = measure(target, draft, prompts, k, v.max_new_tokens,
-                            stop_token_ids(spec.path), check_lossless=True, progress=True)
+                            stop_token_ids(spec.path), check_lossless=True, progress=True,
+                            kv_cache=v.kv_cache)
     finally:
         target.close()
     return result.to_dict()

@@ -1,0 +1,178 @@
+"""The acceptance evaluator with KV caches: the same decoding as
+:func:`~eagle3_pipeline.validate.acceptance.speculative_decode`, token for token and count
+for count, without recomputing the prefix.
+
+Why: the recomputing evaluator runs the target over the whole sequence at every
+verification and the draft over the whole prefix every round -- O(n^2) in generated
+length. Fine for the tiny target; prohibitive for an 8B target on one GPU, which users run
+before paying for vLLM time. Here:
+
+- the target keeps a KV cache of every token whose state is final. A verification feeds
+  only the last produced token and the K drafts (K + 1 positions), then crops the cache
+  back to the accepted prefix (rejected drafts roll back);
+- the draft keeps a KV cache of its prefix positions. A round feeds only the pairs that are
+  new since the last round, runs its K - 1 chained steps on top, then crops them away.
+
+The aux states the draft reads are kept from each verification's own forward (the same
+rows the recomputing evaluator slices from its full forward).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from eagle3_pipeline.validate.acceptance import (
+    Greedy,
+    Prompt,
+    PromptResult,
+    SpeculatorsDraft,
+    Target,
+    top2_margin,
+    torch_arange,
+)
+
+
+class CachedTarget:
+    """A :class:`Target` run incrementally over one sequence at a time."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.cache: Any = None
+
+    def reset(self) -> None:
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache()
+
+    @property
+    def length(self) -> int:
+        return self.cache.get_seq_length()
+
+    def extend(self, ids: Sequence[int]) -> tuple[Any, Any]:
+        """Feed ``ids`` after the cached tokens: ``(logits [n, V] float32, aux [n, n_aux*H])``
+        of the new positions (one target forward)."""
+        import torch
+
+        t = self.target
+        t.forwards += 1
+        x = torch.tensor([list(ids)], dtype=torch.long, device=t.device)
+        with torch.no_grad():
+            logits = t.lm.model(input_ids=x, past_key_values=self.cache,
+                                use_cache=True).logits[0].float()  # fmt: skip
+        return logits, t.capture.take()[0][:, :-1].flatten(1)
+
+    def crop(self, length: int) -> None:
+        self.cache.crop(length)
+
+
+class CachedDraft:
+    """A :class:`SpeculatorsDraft` whose prefix positions stay in a KV cache between
+    rounds; the chained steps of a round are cropped away after it."""
+
+    def __init__(self, draft: SpeculatorsDraft) -> None:
+        self.draft = draft
+        self.cache: Any = None
+
+    def reset(self) -> None:
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache()
+
+    def propose(self, tokens: Sequence[int], aux: Any, k: int) -> list[int]:
+        import torch
+
+        d, m = self.draft, self.draft.model
+        n = len(tokens)
+        if aux.shape[0] != n - 1:
+            raise ValueError(f"aux has {aux.shape[0]} rows, expected {n - 1}")
+        done = self.cache.get_seq_length()  # pairs 0..done-1 are cached
+        dtype = next(m.parameters()).dtype
+        with torch.no_grad():
+            h = aux[done:].to(d.device, dtype).unsqueeze(0)
+            if m.input_norm is not None:
+                h = m.input_norm(h)
+            if m.fc_norm is not None:
+                chunks = h.chunk(len(m.fc_norm), dim=-1)
+                h = torch.cat([nm(c) for nm, c in zip(m.fc_norm, chunks, strict=True)], dim=-1)
+            h = m.fc(h)
+            ids = torch.tensor([list(tokens[done + 1 :])], dtype=torch.long, device=d.device)
+            x = torch.cat([m.embed_tokens(ids), h], dim=-1)
+            new = n - 1 - done
+            positions = torch_arange(done + 1, n, d.device).unsqueeze(0)
+            mask = torch.zeros((new, done + new), dtype=dtype, device=d.device)
+            mask[:, done:] = torch.triu(torch.full((new, new), float("-inf"), dtype=dtype,
+                                                   device=d.device), diagonal=1)  # fmt: skip
+            out = d._layers(x, positions, self.cache, mask[None, None])[:, -1:]
+            proposed: list[int] = []
+            for step in range(k):
+                logits, out = d._head(out)
+                tok = d._to_target(logits[0, -1].argmax())
+                proposed.append(tok)
+                if step == k - 1:
+                    break
+                emb = m.embed_tokens(torch.tensor([[tok]], device=d.device))
+                x = torch.cat([emb, out], dim=-1)
+                positions = torch.tensor([[n + step]], device=d.device)
+                out = d._layers(x, positions, self.cache, None)
+            self.cache.crop(n - 1)  # the chain's entries are this round's only
+        return proposed
+
+
+def speculative_decode_cached(
+    target: CachedTarget, draft: CachedDraft, prompt: Prompt, k: int, max_new_tokens: int,
+    stop_ids: Iterable[int],
+) -> PromptResult:
+    """:func:`~eagle3_pipeline.validate.acceptance.speculative_decode` with KV caches."""
+    import torch
+
+    stop = set(stop_ids)
+    seq = list(prompt.prompt_ids)
+    target.reset()
+    draft.reset()
+    logits, aux = target.extend(seq)  # prefill: not a verification
+    out = [int(logits[-1].argmax())]
+    res = PromptResult(prompt.id, len(seq), out, 0, 0, [0] * k, 0)
+    while len(out) < max_new_tokens and out[-1] not in stop:
+        ctx = seq + out
+        drafts = [int(t) for t in draft.propose(ctx, aux, k)]
+        if len(drafts) != k:
+            raise ValueError(f"the draft proposed {len(drafts)} tokens, expected {k}")
+        # the cache holds ctx[:-1]; the last produced token and the drafts are new
+        logits, new_aux = target.extend([ctx[-1], *drafts])
+        preds = logits.argmax(-1).tolist()  # K + 1 target tokens
+        a = 0
+        while a < k and drafts[a] == preds[a]:
+            res.accepted_per_pos[a] += 1
+            a += 1
+        res.accepted += a
+        res.steps += 1
+        target.crop(len(ctx) + a)  # rejected drafts roll back
+        aux = torch.cat([aux, new_aux[: a + 1]])  # every real token but the bonus
+        for tok in drafts[:a] + [preds[a]]:
+            if len(out) >= max_new_tokens:
+                break
+            out.append(tok)
+            res.step_tokens += 1
+            if tok in stop:
+                break
+    return res
+
+
+def greedy_decode_cached(target: CachedTarget, prompt_ids: Sequence[int], max_new_tokens: int,
+                         stop_ids: Iterable[int]) -> Greedy:
+    """The target's plain greedy decoding, one new token per forward."""
+    stop = set(stop_ids)
+    target.reset()
+    out: list[int] = []
+    margins: list[float] = []
+    feed = list(prompt_ids)
+    while len(out) < max_new_tokens:
+        logits, _ = target.extend(feed)
+        tok = int(logits[-1].argmax())
+        out.append(tok)
+        margins.append(top2_margin(logits[-1]))
+        if tok in stop:
+            break
+        feed = [tok]
+    return Greedy(out, margins)
