@@ -63,7 +63,17 @@ class CachedTarget:
         return logits, t.capture.take()[0][:, :-1].flatten(1)
 
     def crop(self, length: int) -> None:
-        self.cache.crop(length)
+        keep_first(self.cache, length)
+
+
+def keep_first(cache: Any, length: int) -> None:
+    """Drop every cached position from ``length`` on. Why not ``crop(length)``: transformers
+    5 reads a positive argument as a size (deprecated) and a negative one as a count to
+    drop, and ``crop(0)`` once meant "drop everything"; a negative count means the same in
+    every version we accept."""
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)
 
 
 class CachedDraft:
@@ -115,7 +125,7 @@ class CachedDraft:
                 x = torch.cat([emb, out], dim=-1)
                 positions = torch.tensor([[n + step]], device=d.device)
                 out = d._layers(x, positions, self.cache, None)
-            self.cache.crop(n - 1)  # the chain's entries are this round's only
+            keep_first(self.cache, n - 1)  # the chain's entries are this round's only
         return proposed
 
 

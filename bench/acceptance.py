@@ -1,0 +1,120 @@
+"""Benchmark of the acceptance evaluator: KV caches (``validate.kv_cache=true``) against
+the recomputing evaluator, side by side in one process, over the same prompts.
+
+For each number of new tokens (default 64 and 512) it runs both evaluators on the same
+target, draft and prompts, interleaved over ``--trials`` trials, and prints each one's
+tokens/s, the median of the paired ratios, and whether the two produced identical tokens
+and counts (they must).
+
+Target and draft: a pipeline run's (``--workdir DIR`` holding data/target/ and data/draft/,
+e.g. the repository after ``dvc repro``), or by default a random-weight Llama target built
+here (hidden 256, 4 layers) with an untrained draft: every draft is then rejected and the
+target's cache rolls back K positions each step, which is the evaluator's worst case.
+Stop tokens are ignored so that every prompt generates exactly N tokens.
+
+Usage: python bench/acceptance.py [--workdir DIR] [--tokens 64 512] [--trials 3] [--prompts 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def random_target(root: Path) -> Any:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from extract import build_target  # a random-weight Llama target, as bench/extract.py
+
+    build_target(root, hidden=256, layers=4, vocab=2048)
+    return _spec(root)
+
+
+def _spec(root: Path) -> Any:
+    from eagle3_pipeline.targets.adapter import load_target_spec
+
+    spec = load_target_spec(root / "data/target/target.json")
+    path = Path(spec.path)
+    return dataclasses.replace(spec, path=str(path if path.is_absolute() else root / path))
+
+
+def untrained_draft(spec: Any, k: int) -> Any:
+    from eagle3_pipeline.core.config import DraftShapeConfig
+    from eagle3_pipeline.draft.shape import build_draft, build_vocab_mapping, resolve_draft_shape
+
+    torch.manual_seed(0)
+    freq = {i: 1 for i in range(min(spec.vocab_size, 1024))}
+    d2t, t2d = build_vocab_mapping(freq, 1024, spec.vocab_size, [])
+    shape = resolve_draft_shape(DraftShapeConfig(), spec)
+    return build_draft(spec, shape, k, 1024, d2t, t2d, spec.path, "sdpa")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workdir", type=Path, help="a run's directory (data/target, data/draft)")
+    ap.add_argument("--tokens", type=int, nargs="+", default=[64, 512])
+    ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--prompts", type=int, default=1)
+    ap.add_argument("-k", type=int, default=3)
+    ap.add_argument("--out", type=Path, help="also write the figures as JSON")
+    args = ap.parse_args()
+
+    from eagle3_pipeline.validate.acceptance import Prompt, SpeculatorsDraft, Target, measure
+
+    torch.set_num_threads(1)  # both evaluators on one core each, as on a loaded machine
+    tmp = tempfile.TemporaryDirectory()
+    if args.workdir:
+        from eagle3_pipeline.compat.speculators import load_draft
+
+        spec = _spec(args.workdir)
+        model = load_draft(args.workdir / "data/draft", spec.path, attn_implementation="sdpa")
+        source = f"{args.workdir} ({spec.name}, trained draft)"
+    else:
+        spec = random_target(Path(tmp.name))
+        model = untrained_draft(spec, args.k)
+        source = "random-weight Llama h256 x4 layers, untrained draft"
+    target = Target.load(spec)
+    draft = SpeculatorsDraft(model)
+    prompts = [Prompt(str(i), [(7 * i + j) % 200 + 10 for j in range(32)])
+               for i in range(args.prompts)]  # fmt: skip
+    print(f"target: {source}; K={args.k}; {args.prompts} prompt(s) of 32 tokens; "
+          f"{args.trials} interleaved trials; torch threads 1")
+    rows = []
+    for n in args.tokens:
+        times: dict[bool, list[float]] = {False: [], True: []}
+        results: dict[bool, Any] = {}
+        for _ in range(args.trials):
+            for kv in (False, True):
+                t0 = time.perf_counter()
+                res, per_prompt = measure(target, draft, prompts, args.k, n, [],
+                                          check_lossless=False, kv_cache=kv)  # fmt: skip
+                times[kv].append(time.perf_counter() - t0)
+                results[kv] = (res.to_dict(), [dataclasses.asdict(r) for r in per_prompt])
+        tokens = results[False][0]["tokens"]
+        ratios = [a / b for a, b in zip(times[False], times[True], strict=True)]
+        row = {
+            "new_tokens": n, "tokens": tokens,
+            "recompute_tokens_per_s": tokens / statistics.median(times[False]),
+            "kv_cache_tokens_per_s": tokens / statistics.median(times[True]),
+            "median_paired_ratio": statistics.median(ratios),
+            "identical": results[False] == results[True],
+        }  # fmt: skip
+        rows.append(row)
+        print(f"{n:>5} new tokens: recompute {row['recompute_tokens_per_s']:8.1f} tok/s, "
+              f"kv cache {row['kv_cache_tokens_per_s']:8.1f} tok/s, "
+              f"ratio {row['median_paired_ratio']:.2f}x, identical: {row['identical']}")
+    target.close()
+    if args.out:
+        args.out.write_text(json.dumps({"source": source, "rows": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
