@@ -74,6 +74,7 @@ def test_mla_with_an_eagle3_draft_still_fails_to_start_on_cpu(validate_workdir: 
         if __name__ == "__main__":
             try:
                 LLM(model={str(model)!r}, dtype="float32", max_model_len=512, enforce_eager=True,
+                    attention_backend="CPU_MLA",  # workaround 5 (AMX_MLA refuses float32)
                     speculative_config={{"method": "eagle3", "model": {str(draft)!r},
                                         "num_speculative_tokens": 3}})
                 print("STARTED")
@@ -84,3 +85,33 @@ def test_mla_with_an_eagle3_draft_still_fails_to_start_on_cpu(validate_workdir: 
     assert "STARTED" not in res.stdout, "MLA + EAGLE-3 starts on CPU now: drop " \
         "vllm_compat.mla_disabled"
     assert "No common block size" in out or "block size" in out.lower(), out[-3000:]
+
+
+def _amx() -> bool:
+    import torch
+
+    return bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
+
+
+@pytest.mark.skipif(not _amx(), reason="this CPU has no AMX tiles: vLLM picks CPU_MLA itself")
+def test_amx_mla_still_refuses_a_float32_target(validate_workdir: Path):
+    """Workaround 5: on an AMX CPU vLLM's default MLA backend cannot load float32 weights,
+    while the reference backend we request can."""
+    model = validate_workdir / "data" / "target" / "model"
+    code = """
+        from vllm import LLM
+        if __name__ == "__main__":
+            try:
+                LLM(model={model!r}, dtype="float32", max_model_len=512, enforce_eager=True{extra})
+                print("STARTED")
+            except Exception as exc:
+                print("FAILED", exc)
+    """
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    default = run_in_vllm(code.format(model=str(model), extra=""), env=env)
+    assert "STARTED" not in default.stdout, "AMX_MLA loads float32 now: drop " \
+        "vllm_compat.mla_backend"
+    assert "expect weight to be bfloat16" in default.stdout + default.stderr
+    chosen = run_in_vllm(code.format(model=str(model), extra=', attention_backend="CPU_MLA"'),
+                         env=env)  # fmt: skip
+    assert "STARTED" in chosen.stdout, (chosen.stdout + chosen.stderr)[-3000:]

@@ -43,7 +43,7 @@ def test_validate_engine_on_cpu_carries_dtype_draft_and_only_the_needed_workarou
     assert spec == {"method": "eagle3", "model": str((tmp_path / "draft").absolute()),
                     "num_speculative_tokens": 3}
     assert "--enforce-eager" in argv  # CPU default
-    assert eng.env["VLLM_MLA_DISABLE"] == "1"
+    assert eng.env["VLLM_MLA_DISABLE"] == "1" and eng.attention_backend is None  # no MLA: no MLA backend
     assert eng.compilation_config is None  # yarn rope takes the native path
     kw = eng.llm_kwargs()
     assert kw["dtype"] == "float32" and kw["speculative_config"] == spec
@@ -55,6 +55,11 @@ def test_plain_engines_keep_mla_and_extraction_gets_the_cpu_connector(tmp_path):
     cfg = _cfg()
     base = build_engine(cfg, _spec(), tmp_path, "baseline", dtype="float32")
     assert "VLLM_MLA_DISABLE" not in base.env and base.speculative_config is None
+    # float32 MLA asks for the reference backend (AMX_MLA refuses float32 weights)
+    assert base.attention_backend == "CPU_MLA" and base.llm_kwargs()["attention_backend"] == "CPU_MLA"
+    argv = base.serve_argv(8000)
+    assert argv[argv.index("--attention-backend") + 1] == "CPU_MLA"
+    assert build_engine(cfg, _spec(), tmp_path, "baseline", dtype="bfloat16").attention_backend is None
     ext = build_engine(cfg, _spec(), tmp_path, "extract", staging=tmp_path / "s")
     assert ext.speculative_config["method"] == "extract_hidden_states"
     assert ext.speculative_config["draft_model_config"]["hf_config"][

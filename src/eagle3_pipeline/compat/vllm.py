@@ -19,6 +19,11 @@ bug below is fixed upstream, so the workaround can then be dropped.
    loads :class:`eagle3_pipeline.serving.connector.CpuHiddenStatesConnector` instead.
 4. **The KV cache size on the CPU build** is a process-wide env var
    (``VLLM_CPU_KVCACHE_SPACE``, GiB), not ``gpu_memory_utilization``.
+5. **The reference MLA backend for float32 on the CPU build.** On a CPU with AMX tiles
+   vLLM picks ``AMX_MLA``, whose weight packing refuses float32 ("expect weight to be
+   bfloat16, float16, int8, fp8_e4m3 or uint8"), so a float32 MLA engine -- the tiny
+   target's, where losslessness is checked exactly -- cannot start. Such engines ask for
+   ``CPU_MLA`` (``--attention-backend``), which vLLM uses anyway on CPUs without AMX.
 """
 
 from __future__ import annotations
@@ -38,6 +43,13 @@ def mla_disabled(cpu_build: bool, mla: bool, with_draft: bool) -> bool:
 def rotary_op_disabled(cpu_build: bool, mla: bool, rope_type: str) -> bool:
     """Workaround 2: plain rope (vLLM's ``RotaryEmbedding``) on an MLA target, CPU build."""
     return cpu_build and mla and rope_type in ("default", "linear", "dynamic")
+
+
+def mla_backend(cpu_build: bool, mla: bool, dtype: str, with_draft: bool) -> str | None:
+    """Workaround 5: the attention backend to request, or None for vLLM's choice."""
+    if cpu_build and mla and dtype == "float32" and not mla_disabled(cpu_build, mla, with_draft):
+        return "CPU_MLA"
+    return None
 
 
 def engine_env(cpu_build: bool, mla: bool, with_draft: bool,

@@ -45,6 +45,7 @@ class Engine:
     speculative_config: dict[str, Any] | None = None
     kv_transfer_config: dict[str, Any] | None = None
     compilation_config: dict[str, Any] | None = None
+    attention_backend: str | None = None
     enable_prefix_caching: bool | None = None
     generation_config: str | None = None  # "vllm": ignore the model's sampling defaults
     env: dict[str, str] = field(default_factory=dict)  # for the vLLM process
@@ -83,6 +84,8 @@ class Engine:
                             ("--compilation-config", self.compilation_config)):
             if value is not None:
                 cmd += [flag, json.dumps(value, separators=(",", ":"))]
+        if self.attention_backend:
+            cmd += ["--attention-backend", self.attention_backend]
         if self.enable_prefix_caching is False:
             cmd.append("--no-enable-prefix-caching")
         if self.generation_config:
@@ -102,7 +105,8 @@ class Engine:
         if self.enable_expert_parallel:
             kw["enable_expert_parallel"] = True
         for key in ("revision", "speculative_config", "kv_transfer_config",
-                    "compilation_config", "enable_prefix_caching", "generation_config"):
+                    "compilation_config", "attention_backend", "enable_prefix_caching",
+                    "generation_config"):
             value = getattr(self, key)
             if value is not None:
                 kw[key] = value
@@ -154,9 +158,10 @@ def build_engine(
     cpu = cpu_build(cfg)
     mla = spec.attention == "mla"
     with_draft = purpose == "validate"
+    dtype = str(dtype or cfg.model.dtype)
     eng = Engine(
         model=str(Path(model).absolute()) if Path(model).exists() else str(model),
-        dtype=dtype or cfg.model.dtype,
+        dtype=dtype,
         served_model_name=spec.name,
         # never beyond the model's own window (vLLM refuses that)
         max_model_len=min(s.max_model_len, spec.max_position_embeddings or s.max_model_len),
@@ -170,6 +175,7 @@ def build_engine(
         revision=spec.revision if not Path(model).exists() else None,
         seed=cfg.seed,
         compilation_config=vllm_compat.compilation_config(cpu, mla, spec.rope_type),
+        attention_backend=vllm_compat.mla_backend(cpu, mla, dtype, with_draft),
         env=vllm_compat.engine_env(cpu, mla, with_draft, v.cpu_kvcache_space_gib),
         extra_args=list(v.extra_args),
     )
