@@ -109,7 +109,7 @@ def test_repro_end_to_end_then_cached_then_train_only_change(repo_copy: Path):
     assert set(lock1) == set(STAGES)
 
     # every stage left its details and its headline; dvc shows the headlines only
-    headline = {stage: f"metrics/{stage}.json" for stage in STAGES[:4]}
+    headline = {stage: f"metrics/{stage}.json" for stage in ("preflight", "prepare", "extract")}
     headline |= {stage: f"dvclive/{stage}/metrics.json" for stage in STAGES[4:]}
     for stage in STAGES:
         assert (repo_copy / "metrics/details" / f"{stage}.json").is_file(), stage
@@ -117,13 +117,12 @@ def test_repro_end_to_end_then_cached_then_train_only_change(repo_copy: Path):
     files = next(iter(shown.values()))["data"]
     assert set(files) == set(headline.values()), sorted(files)
     table = _dvc(repo_copy, "metrics", "show").stdout.splitlines()
-    assert max(map(len, table)) <= 130, "\n".join(table)  # a terminal line, or close to it
+    assert max(map(len, table)) <= 140, "\n".join(table)  # a terminal line, or close to it
     validate = json.loads((repo_copy / "metrics/details/validate.json").read_text())
     # dvclive's summaries carry the stages' figures unchanged
     summary = json.loads((repo_copy / headline["validate"]).read_text())
-    for key in ("acceptance_length", "vllm_acceptance_length", "vllm_speedup", "k"):
-        assert summary[key] == validate[key], key
-    assert summary["lossless"] is validate["lossless"]
+    assert summary == {key: validate[key]
+                       for key in ("acceptance_length", "vllm_speedup", "lossless")}
     trained = json.loads((repo_copy / "metrics/details/train.json").read_text())
     summary = json.loads((repo_copy / headline["train"]).read_text())
     assert summary["val"]["loss"] == trained["val_loss"] and summary["step"] == trained["steps"]

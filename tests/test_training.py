@@ -170,11 +170,10 @@ def test_killed_run_resumes_and_the_draft_learns(kimi_data: Path, run_in, monkey
     assert (live / "plots/images/curves.png").read_bytes()[:4] == b"\x89PNG"
     # the summary DVC shows carries the stage's own figures, unchanged
     summary = json.loads((live / "metrics.json").read_text())
-    assert summary["step"] == m["steps"] and summary["val"]["loss"] == m["val_loss"]
-    assert [summary["val"][f"acc_{i}"] for i in range(3)] == m["val_accuracy_per_position"]
-    assert summary["tokens_per_s"] == m["tokens_per_s"]
-    assert summary["val_loss_untrained"] == m["val_loss_untrained"]
-    assert set(summary["train"]) == {"loss"}  # no per-step noise in dvc exp show
+    assert summary == {"step": m["steps"], "val": {"loss": m["val_loss"]},
+                       "tokens_per_s": m["tokens_per_s"]}  # no per-step noise in the headline
+    val_acc = (live / "plots/metrics/val/acc_2.tsv").read_text().splitlines()
+    assert float(val_acc[-1].split("\t")[1]) == m["val_accuracy_per_position"][2]
     draft = load_draft(work / "data/draft", work / "data/target/model")
     assert draft.d2t.shape[0] == 512
 

@@ -6,7 +6,7 @@ figures a user decides on (acceptance length, vLLM speedup, val loss, tokens/s, 
 lost. So each stage writes everything to ``metrics/details/<stage>.json`` -- an output DVC
 does not flatten, read by the plan and by later stages -- and DVC's metrics are:
 
-- ``metrics/<stage>.json`` for preflight, target, prepare and extract: the keys of
+- ``metrics/<stage>.json`` for preflight, prepare and extract: the keys of
   :data:`HEADLINE`, copied from the details (same values, never recomputed);
 - dvclive's summary ``dvclive/<stage>/metrics.json`` for train and validate, written
   through :mod:`eagle3_pipeline.train.live` / :mod:`eagle3_pipeline.validate.live`.
@@ -21,14 +21,17 @@ from typing import Any
 from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.core.io import atomic_write_json
 
-# The figures a user decides on, per stage (each fits a terminal line or close to it).
+# The figures a user decides on, per stage. DVC puts every key of every metrics file in
+# one table, one column each, so the whole headline is kept to what fits a terminal line
+# or close to it: preflight's verdict, rows, tokens/s (extract and train share the
+# column), and -- from dvclive -- val loss, acceptance length, vLLM speedup, losslessness.
+# The target stage has no headline (its figures describe the target, not a choice).
 HEADLINE: dict[str, tuple[str, ...]] = {
-    "preflight": ("passed", "failures", "mode", "gpu_count_visible"),
-    "target": ("num_layers", "hidden_size", "heldout_perplexity", "perplexity_ratio_vs_unigram"),
-    "prepare": ("rows", "conversations_train", "conversations_invalid", "tokens",
-                "supervised_tokens"),
-    "extract": ("samples", "tokens", "tokens_per_s", "bytes_written"),
-}  # fmt: skip
+    "preflight": ("passed",),
+    "target": (),
+    "prepare": ("rows",),
+    "extract": ("tokens_per_s",),
+}
 
 
 def details_path(cfg: Config, stage: str) -> Path:
@@ -51,7 +54,7 @@ def headline(stage: str, details: dict[str, Any]) -> dict[str, Any]:
 def write_stage_metrics(cfg: Config, stage: str, details: dict[str, Any]) -> None:
     """Details first, then (for a stage without dvclive) the headline copied from them."""
     atomic_write_json(details_path(cfg, stage), details)
-    if stage in HEADLINE:
+    if HEADLINE.get(stage):
         atomic_write_json(headline_path(cfg, stage), headline(stage, details))
 
 

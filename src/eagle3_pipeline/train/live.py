@@ -79,11 +79,13 @@ class LiveCurves:
         self.summary()
 
     def summary(self) -> None:
-        """Write the summary without the per-step noise (the last step's accuracies, lr and
-        tokens/s): it is what ``dvc exp show`` puts in columns."""
-        train = self.live.summary.get("train")
-        if isinstance(train, dict):
-            self.live.summary["train"] = {"loss": train["loss"]} if "loss" in train else {}
+        """Write the summary DVC shows: the step and the last val loss. The rest (the last
+        step's loss, accuracies, lr, tokens/s, the val accuracies) are curves; in the
+        summary they would be columns of ``dvc metrics show`` and ``dvc exp show``."""
+        self.live.summary.pop("train", None)
+        val = self.live.summary.get("val")
+        if isinstance(val, dict):
+            self.live.summary["val"] = {"loss": val["loss"]} if "loss" in val else {}
         self.live.make_summary()
 
     def finish(self, history: History, k: int) -> None:
@@ -96,9 +98,9 @@ class LiveCurves:
         self.summary()
 
 
-# The figures of metrics/details/train.json that dvc exp show carries besides the curves'
-# last points (step, train.loss, val.loss, val.acc_<i>): what a user decides on.
-HEADLINE_KEYS = ("val_loss_untrained", "tokens_per_s")
+# The figure of metrics/details/train.json that dvc exp show carries besides the step and
+# the last val loss (see core/metrics.py for why the headline is this short).
+HEADLINE_KEYS = ("tokens_per_s",)
 
 
 def write_summary(directory: Path, metrics: dict[str, Any]) -> dict[str, Any]:
