@@ -58,7 +58,9 @@ def _screenshot(page: Path, out: Path) -> list[tuple[int, int, int]]:
          page.as_uri()],
         check=True, capture_output=True, timeout=120,
     )  # fmt: skip
-    return list(Image.open(out).convert("RGB").getdata())
+    image = Image.open(out).convert("RGB")
+    flat = getattr(image, "get_flattened_data", image.getdata)  # Pillow 14 drops getdata
+    return list(flat())
 
 
 def _line(pixels: list[tuple[int, int, int]]) -> int:

@@ -123,7 +123,7 @@ def _run_stage(root: Path, *overrides: str) -> None:
 @pytest.mark.slow
 def test_stage_writes_metrics_report_plot_and_model_card(workdir: Path) -> None:
     _run_stage(workdir, "validate.max_new_tokens=8")
-    m = json.loads((workdir / "metrics" / "validate.json").read_text())
+    m = json.loads((workdir / "metrics" / "details" / "validate.json").read_text())
     assert m["checkpoint_ok"] is True and m["checkpoint_errors"] == 0
     assert m["k"] == 3 and m["prompts"] == 3 and m["lossless"] is True
     assert 1.0 <= m["acceptance_length"] < 1.5  # an untrained draft
@@ -147,6 +147,14 @@ def test_stage_writes_metrics_report_plot_and_model_card(workdir: Path) -> None:
     assert "tokens per target step** at K=3" in report
     assert "--speculative-config" in report and "## In vLLM" in report
     assert "--dtype float32" in report
+    # dvclive: the headline DVC shows is the stage's own figures; per-position acceptance
+    live = workdir / "dvclive" / "validate"
+    assert json.loads((live / "metrics.json").read_text()) == {
+        "acceptance_length": m["acceptance_length"], "vllm_speedup": m["vllm_speedup"],
+        "lossless": True}
+    points = json.loads((live / "plots/custom/acceptance_per_position.json").read_text())
+    assert [p["acceptance"] for p in points] == m["per_position_rate"]
+    assert (live / "plots/images/acceptance.png").read_bytes()[:4] == b"\x89PNG"
     card = (out / "README.md").read_text()
     assert "PSF-2.0" in card and "K): 3" in card and "speculators:" in card
     assert "held-out prompts" in card and "Seed: 0" in card
@@ -162,7 +170,7 @@ def test_stage_fails_on_a_broken_checkpoint(workdir: Path, tmp_path: Path) -> No
     with pytest.raises(SystemExit) as exc:
         _run_stage(root, "validate.max_new_tokens=4")
     assert exc.value.code == 1
-    assert not (root / "metrics" / "validate.json").exists()  # stale outputs removed
+    assert not (root / "metrics" / "details" / "validate.json").exists()  # stale outputs removed
     assert not (root / "data" / "validate").exists()
 
 

@@ -47,8 +47,8 @@ def make_workdir(tiny_target: Path, root: Path, n_prompts: int = 3) -> Path:
     held = root / "data" / "heldout" / "prompts.jsonl"
     held.parent.mkdir(parents=True)
     held.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (root / "metrics").mkdir()
-    (root / "metrics" / "train.json").write_text(json.dumps(
+    (root / "metrics" / "details").mkdir(parents=True)
+    (root / "metrics" / "details" / "train.json").write_text(json.dumps(
         {"gpu": {"mode": "not applicable", "reason": "trained on CPU"}, "seed": 0,
          "draft_vocab_size": 1024, "train_rows": 10}))
     return root

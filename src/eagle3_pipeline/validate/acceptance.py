@@ -214,42 +214,58 @@ class SpeculatorsDraft:
             return m.lm_head(h), h
         return m.lm_head(m.norm(h)), h
 
+    def pairs(self, tokens: Sequence[int], aux: Any, start: int) -> Any:
+        """The draft's input for pairs ``start..len(tokens)-2``: ``fc`` of the aux states at
+        t (after the optional norms) beside the embedding of token t+1 -- ``[1, n, 2H]``."""
+        import torch
+
+        m = self.model
+        dtype = next(m.parameters()).dtype
+        h = aux[start:].to(self.device, dtype).unsqueeze(0)
+        if m.input_norm is not None:
+            h = m.input_norm(h)
+        if m.fc_norm is not None:
+            chunks = h.chunk(len(m.fc_norm), dim=-1)
+            h = torch.cat([nm(c) for nm, c in zip(m.fc_norm, chunks, strict=True)], dim=-1)
+        ids = torch.tensor([list(tokens[start + 1 :])], dtype=torch.long, device=self.device)
+        return torch.cat([m.embed_tokens(ids), m.fc(h)], dim=-1)
+
+    def chain(self, out: Any, n: int, k: int, cache: Any) -> list[int]:
+        """K proposals from the decoder output ``out`` at the last real pair: each chained
+        step is fed the draft's own output and the token it just proposed, one position
+        further (``n``: the number of real tokens)."""
+        import torch
+
+        m = self.model
+        proposed: list[int] = []
+        for step in range(k):
+            logits, out = self._head(out)
+            tok = self._to_target(logits[0, -1].argmax())
+            proposed.append(tok)
+            if step == k - 1:
+                break
+            emb = m.embed_tokens(torch.tensor([[tok]], device=self.device))
+            x = torch.cat([emb, out], dim=-1)
+            positions = torch.tensor([[n + step]], device=self.device)
+            out = self._layers(x, positions, cache, None)
+        return proposed
+
     def propose(self, tokens: Sequence[int], aux: Any, k: int) -> list[int]:
         import torch
         from transformers import DynamicCache
 
-        m = self.model
         n = len(tokens)
         if aux.shape[0] != n - 1:
             raise ValueError(f"aux has {aux.shape[0]} rows, expected {n - 1}")
-        dtype = next(m.parameters()).dtype
+        dtype = next(self.model.parameters()).dtype
         with torch.no_grad():
-            h = aux.to(self.device, dtype).unsqueeze(0)
-            if m.input_norm is not None:
-                h = m.input_norm(h)
-            if m.fc_norm is not None:
-                chunks = h.chunk(len(m.fc_norm), dim=-1)
-                h = torch.cat([nm(c) for nm, c in zip(m.fc_norm, chunks, strict=True)], dim=-1)
-            h = m.fc(h)  # [1, n-1, H]
-            ids = torch.tensor([list(tokens[1:])], dtype=torch.long, device=self.device)
-            x = torch.cat([m.embed_tokens(ids), h], dim=-1)
+            x = self.pairs(tokens, aux, 0)
             positions = torch_arange(1, n, self.device).unsqueeze(0)
             causal = torch.full((n - 1, n - 1), float("-inf"), dtype=dtype, device=self.device)
             causal = torch.triu(causal, diagonal=1)[None, None]
             cache = DynamicCache()
             out = self._layers(x, positions, cache, causal)[:, -1:]
-            proposed: list[int] = []
-            for step in range(k):
-                logits, out = self._head(out)
-                tok = self._to_target(logits[0, -1].argmax())
-                proposed.append(tok)
-                if step == k - 1:
-                    break
-                emb = m.embed_tokens(torch.tensor([[tok]], device=self.device))
-                x = torch.cat([emb, out], dim=-1)
-                positions = torch.tensor([[n + step]], device=self.device)
-                out = self._layers(x, positions, cache, None)
-        return proposed
+            return self.chain(out, n, k, cache)
 
 
 def torch_arange(start: int, end: int, device: Any) -> Any:

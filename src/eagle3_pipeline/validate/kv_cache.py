@@ -92,39 +92,21 @@ class CachedDraft:
     def propose(self, tokens: Sequence[int], aux: Any, k: int) -> list[int]:
         import torch
 
-        d, m = self.draft, self.draft.model
+        d = self.draft
         n = len(tokens)
         if aux.shape[0] != n - 1:
             raise ValueError(f"aux has {aux.shape[0]} rows, expected {n - 1}")
         done = self.cache.get_seq_length()  # pairs 0..done-1 are cached
-        dtype = next(m.parameters()).dtype
+        dtype = next(d.model.parameters()).dtype
         with torch.no_grad():
-            h = aux[done:].to(d.device, dtype).unsqueeze(0)
-            if m.input_norm is not None:
-                h = m.input_norm(h)
-            if m.fc_norm is not None:
-                chunks = h.chunk(len(m.fc_norm), dim=-1)
-                h = torch.cat([nm(c) for nm, c in zip(m.fc_norm, chunks, strict=True)], dim=-1)
-            h = m.fc(h)
-            ids = torch.tensor([list(tokens[done + 1 :])], dtype=torch.long, device=d.device)
-            x = torch.cat([m.embed_tokens(ids), h], dim=-1)
+            x = d.pairs(tokens, aux, done)
             new = n - 1 - done
             positions = torch_arange(done + 1, n, d.device).unsqueeze(0)
             mask = torch.zeros((new, done + new), dtype=dtype, device=d.device)
             mask[:, done:] = torch.triu(torch.full((new, new), float("-inf"), dtype=dtype,
                                                    device=d.device), diagonal=1)  # fmt: skip
             out = d._layers(x, positions, self.cache, mask[None, None])[:, -1:]
-            proposed: list[int] = []
-            for step in range(k):
-                logits, out = d._head(out)
-                tok = d._to_target(logits[0, -1].argmax())
-                proposed.append(tok)
-                if step == k - 1:
-                    break
-                emb = m.embed_tokens(torch.tensor([[tok]], device=d.device))
-                x = torch.cat([emb, out], dim=-1)
-                positions = torch.tensor([[n + step]], device=d.device)
-                out = d._layers(x, positions, self.cache, None)
+            proposed = d.chain(out, n, k, self.cache)
             keep_first(self.cache, n - 1)  # the chain's entries are this round's only
         return proposed
 
