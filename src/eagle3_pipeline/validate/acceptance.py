@@ -129,6 +129,25 @@ class Target:
     def close(self) -> None:
         self.capture.remove()
 
+    # The verifier interface speculative_decode and greedy_decode use; recomputing here,
+    # with KV caches in eagle3_pipeline.validate.kv_cache.CachedTarget.
+
+    def start(self, prompt_ids: Sequence[int]) -> tuple[Any, Any]:
+        """Prefill: ``(logits of the last position, aux of every prompt position)``."""
+        logits, aux = self.forward(prompt_ids)
+        return logits[-1], aux
+
+    def verify(self, ctx: Sequence[int], drafts: Sequence[int]) -> tuple[Any, Any]:
+        """One forward over ``ctx + drafts``: the logits at ``ctx``'s last position and at
+        each draft (``[K + 1, V]``), and what :meth:`keep` needs of the aux states."""
+        logits, aux_all = self.forward([*ctx, *drafts])
+        return logits[len(ctx) - 1 :], aux_all
+
+    def keep(self, ctx_len: int, accepted: int, aux: Any, verified: Any) -> Any:
+        """After ``accepted`` drafts were kept: the aux states of every real token but the
+        bonus one."""
+        return verified[: ctx_len + accepted]
+
 
 def top2_margin(logits_row: Any) -> float:
     """top-1 minus top-2 logit: how close greedy decoding was to a tie at that position."""
@@ -144,20 +163,25 @@ class Greedy:
     margins: list[float]  # top-2 margin of the target's logits at each produced token
 
 
-def greedy_decode(target: Target, prompt_ids: Sequence[int], max_new_tokens: int,
+def greedy_decode(target: Any, prompt_ids: Sequence[int], max_new_tokens: int,
                   stop_ids: Iterable[int]) -> Greedy:
-    """The target's plain greedy decoding: the reference speculative decoding must equal."""
+    """The target's plain greedy decoding: the reference speculative decoding must equal.
+    ``target``: a :class:`Target` or a ``CachedTarget`` (one new position per forward)."""
     stop = set(stop_ids)
     seq = list(prompt_ids)
+    row, aux = target.start(seq)
     out: list[int] = []
     margins: list[float] = []
-    while len(out) < max_new_tokens:
-        logits, _ = target.forward(seq + out)
-        tok = int(logits[-1].argmax())
+    while True:
+        tok = int(row.argmax())
         out.append(tok)
-        margins.append(top2_margin(logits[-1]))
-        if tok in stop:
+        margins.append(top2_margin(row))
+        if tok in stop or len(out) >= max_new_tokens:
             break
+        ctx = seq + out
+        rows, verified = target.verify(ctx, [])
+        aux = target.keep(len(ctx), 0, aux, verified)
+        row = rows[0]
     return Greedy(out, margins)
 
 
@@ -308,31 +332,34 @@ class PromptResult:
 
 
 def speculative_decode(
-    target: Target, draft: Proposer, prompt: Prompt, k: int, max_new_tokens: int,
+    target: Any, draft: Proposer, prompt: Prompt, k: int, max_new_tokens: int,
     stop_ids: Iterable[int],
 ) -> PromptResult:
-    """Chained greedy speculative decoding of one prompt."""
+    """Chained greedy speculative decoding of one prompt. ``target``: a :class:`Target`
+    (recomputes every prefix) or a ``CachedTarget`` (KV cache, rollback of rejected
+    drafts); a draft with a ``reset`` method is reset for the prompt."""
     stop = set(stop_ids)
     seq = list(prompt.prompt_ids)
-    logits, aux = target.forward(seq)  # prefill: not a verification
-    out = [int(logits[-1].argmax())]
+    if hasattr(draft, "reset"):
+        draft.reset()
+    row, aux = target.start(seq)  # prefill: not a verification
+    out = [int(row.argmax())]
     res = PromptResult(prompt.id, len(seq), out, 0, 0, [0] * k, 0)
     while len(out) < max_new_tokens and out[-1] not in stop:
         ctx = seq + out
         drafts = [int(t) for t in draft.propose(ctx, aux, k)]
         if len(drafts) != k:
             raise ValueError(f"the draft proposed {len(drafts)} tokens, expected {k}")
-        logits, aux_all = target.forward(ctx + drafts)
-        preds = logits[len(ctx) - 1 :].argmax(-1).tolist()  # K + 1 target tokens
+        rows, verified = target.verify(ctx, drafts)
+        preds = rows.argmax(-1).tolist()  # K + 1 target tokens
         a = 0
         while a < k and drafts[a] == preds[a]:
             res.accepted_per_pos[a] += 1
             a += 1
         res.accepted += a
         res.steps += 1
-        new = drafts[:a] + [preds[a]]
-        aux = aux_all[: len(ctx) + a]  # states of every real token but the bonus
-        for tok in new:
+        aux = target.keep(len(ctx), a, aux, verified)
+        for tok in drafts[:a] + [preds[a]]:
             if len(out) >= max_new_tokens:
                 break
             out.append(tok)
@@ -423,25 +450,17 @@ def measure(
         from tqdm import tqdm
 
         it = tqdm(prompts, desc=f"speculative decoding (K={k})", unit="prompt")
-    decode: Any = speculative_decode
-    reference: Any = greedy_decode
-    model: Any = target
+    verifier: Any = target
     if kv_cache:
-        from eagle3_pipeline.validate.kv_cache import (
-            CachedDraft,
-            CachedTarget,
-            greedy_decode_cached,
-            speculative_decode_cached,
-        )
+        from eagle3_pipeline.validate.kv_cache import CachedDraft, CachedTarget
 
         if not isinstance(draft, SpeculatorsDraft):
             raise ConfigError(f"kv_cache needs a SpeculatorsDraft, not {type(draft).__name__}")
-        model, draft = CachedTarget(target), CachedDraft(draft)
-        decode, reference = speculative_decode_cached, greedy_decode_cached
+        verifier, draft = CachedTarget(target), CachedDraft(draft)
     for p in it:
-        r = decode(model, draft, p, k, max_new_tokens, stop)
+        r = speculative_decode(verifier, draft, p, k, max_new_tokens, stop)
         if check_lossless:
-            ref = reference(model, p.prompt_ids, max_new_tokens, stop)
+            ref = greedy_decode(verifier, p.prompt_ids, max_new_tokens, stop)
             r.lossless = r.tokens == ref.tokens
             if not r.lossless:
                 pairs = zip(r.tokens, ref.tokens, strict=False)

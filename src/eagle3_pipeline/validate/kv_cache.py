@@ -1,6 +1,6 @@
-"""The acceptance evaluator with KV caches: the same decoding as
-:func:`~eagle3_pipeline.validate.acceptance.speculative_decode`, token for token and count
-for count, without recomputing the prefix.
+"""KV caches for the acceptance evaluator: a target and a draft that
+:func:`~eagle3_pipeline.validate.acceptance.speculative_decode` drives exactly as the
+recomputing ones, with the same tokens and counts, without recomputing the prefix.
 
 Why: the recomputing evaluator runs the target over the whole sequence at every
 verification and the draft over the whole prefix every round -- O(n^2) in generated
@@ -19,18 +19,10 @@ rows the recomputing evaluator slices from its full forward).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from eagle3_pipeline.validate.acceptance import (
-    Greedy,
-    Prompt,
-    PromptResult,
-    SpeculatorsDraft,
-    Target,
-    top2_margin,
-    torch_arange,
-)
+from eagle3_pipeline.validate.acceptance import SpeculatorsDraft, Target, torch_arange
 
 
 class CachedTarget:
@@ -45,10 +37,6 @@ class CachedTarget:
 
         self.cache = DynamicCache()
 
-    @property
-    def length(self) -> int:
-        return self.cache.get_seq_length()
-
     def extend(self, ids: Sequence[int]) -> tuple[Any, Any]:
         """Feed ``ids`` after the cached tokens: ``(logits [n, V] float32, aux [n, n_aux*H])``
         of the new positions (one target forward)."""
@@ -62,8 +50,24 @@ class CachedTarget:
                                 use_cache=True).logits[0].float()  # fmt: skip
         return logits, t.capture.take()[0][:, :-1].flatten(1)
 
-    def crop(self, length: int) -> None:
-        keep_first(self.cache, length)
+    # the verifier interface of eagle3_pipeline.validate.acceptance.Target
+
+    def start(self, prompt_ids: Sequence[int]) -> tuple[Any, Any]:
+        self.reset()
+        logits, aux = self.extend(prompt_ids)
+        return logits[-1], aux
+
+    def verify(self, ctx: Sequence[int], drafts: Sequence[int]) -> tuple[Any, Any]:
+        """The cache holds ``ctx[:-1]``: only the last produced token and the drafts are
+        fed (K + 1 positions)."""
+        return self.extend([ctx[-1], *drafts])
+
+    def keep(self, ctx_len: int, accepted: int, aux: Any, verified: Any) -> Any:
+        """Roll the rejected drafts back out of the cache; append the kept rows' aux."""
+        import torch
+
+        keep_first(self.cache, ctx_len + accepted)
+        return torch.cat([aux, verified[: accepted + 1]])
 
 
 def keep_first(cache: Any, length: int) -> None:
@@ -109,62 +113,3 @@ class CachedDraft:
             proposed = d.chain(out, n, k, self.cache)
             keep_first(self.cache, n - 1)  # the chain's entries are this round's only
         return proposed
-
-
-def speculative_decode_cached(
-    target: CachedTarget, draft: CachedDraft, prompt: Prompt, k: int, max_new_tokens: int,
-    stop_ids: Iterable[int],
-) -> PromptResult:
-    """:func:`~eagle3_pipeline.validate.acceptance.speculative_decode` with KV caches."""
-    import torch
-
-    stop = set(stop_ids)
-    seq = list(prompt.prompt_ids)
-    target.reset()
-    draft.reset()
-    logits, aux = target.extend(seq)  # prefill: not a verification
-    out = [int(logits[-1].argmax())]
-    res = PromptResult(prompt.id, len(seq), out, 0, 0, [0] * k, 0)
-    while len(out) < max_new_tokens and out[-1] not in stop:
-        ctx = seq + out
-        drafts = [int(t) for t in draft.propose(ctx, aux, k)]
-        if len(drafts) != k:
-            raise ValueError(f"the draft proposed {len(drafts)} tokens, expected {k}")
-        # the cache holds ctx[:-1]; the last produced token and the drafts are new
-        logits, new_aux = target.extend([ctx[-1], *drafts])
-        preds = logits.argmax(-1).tolist()  # K + 1 target tokens
-        a = 0
-        while a < k and drafts[a] == preds[a]:
-            res.accepted_per_pos[a] += 1
-            a += 1
-        res.accepted += a
-        res.steps += 1
-        target.crop(len(ctx) + a)  # rejected drafts roll back
-        aux = torch.cat([aux, new_aux[: a + 1]])  # every real token but the bonus
-        for tok in drafts[:a] + [preds[a]]:
-            if len(out) >= max_new_tokens:
-                break
-            out.append(tok)
-            res.step_tokens += 1
-            if tok in stop:
-                break
-    return res
-
-
-def greedy_decode_cached(target: CachedTarget, prompt_ids: Sequence[int], max_new_tokens: int,
-                         stop_ids: Iterable[int]) -> Greedy:
-    """The target's plain greedy decoding, one new token per forward."""
-    stop = set(stop_ids)
-    target.reset()
-    out: list[int] = []
-    margins: list[float] = []
-    feed = list(prompt_ids)
-    while len(out) < max_new_tokens:
-        logits, _ = target.extend(feed)
-        tok = int(logits[-1].argmax())
-        out.append(tok)
-        margins.append(top2_margin(logits[-1]))
-        if tok in stop:
-            break
-        feed = [tok]
-    return Greedy(out, margins)
