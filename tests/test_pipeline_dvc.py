@@ -21,9 +21,11 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 STAGES = ["preflight", "target", "prepare", "extract", "train", "validate"]
 
+# The tiny target keeps its default 400 steps: with 120 its greedy answers were too
+# erratic on an AMX CPU for a 20-step draft to learn (acceptance 1.14 there, identical on
+# the code before this change; 2.6 with 400 steps and 10 epochs).
 REDUCED = {
-    "target": {"train_steps": 120},
-    "train": {"samples": 24, "epochs": 3},
+    "train": {"samples": 24, "epochs": 10},
     "data": {"heldout_size": 4, "max_new_tokens": 32},
     "validate": {"max_new_tokens": 24},
 }
@@ -127,7 +129,7 @@ def test_repro_end_to_end_then_cached_then_train_only_change(repo_copy: Path):
     summary = json.loads((repo_copy / headline["train"]).read_text())
     assert summary["val"]["loss"] == trained["val_loss"] and summary["step"] == trained["steps"]
     # our figure is the one its per-position counts give, and the trained draft buys
-    # tokens (about 2.7 with this reduced config; an untrained draft scores about 1)
+    # tokens (2.6 with this reduced config; an untrained draft scores about 1)
     steps, per_pos = validate["verification_steps"], validate["accepted_per_pos"]
     assert validate["vllm_style_acceptance_length"] == pytest.approx(1 + sum(per_pos) / steps)
     assert validate["per_position_rate"] == pytest.approx([c / steps for c in per_pos])
@@ -193,7 +195,8 @@ def test_repro_end_to_end_then_cached_then_train_only_change(repo_copy: Path):
                    "-A", "--out", "compare.png").stdout.splitlines()
     assert compare[0].split()[:3] == ["experiment", "train.samples", "train.lr"], compare
     rows = [line.split() for line in compare[2:-1]]
-    assert {(r[1], r[2]) for r in rows} >= {("24", "0.003"), ("24", "0.002"), (str(samples), "0.002")}
+    # (each -S composes conf/ afresh: the samples experiment runs with the default lr)
+    assert {(r[1], r[2]) for r in rows} >= {("24", "0.003"), ("24", "0.002"), (str(samples), "0.003")}
     assert (repo_copy / "compare.png").read_bytes()[:4] == b"\x89PNG"
 
     # a typo in -S is refused by the schema before any stage runs
