@@ -6,7 +6,7 @@ figures a user decides on (acceptance length, vLLM speedup, val loss, tokens/s, 
 lost. So each stage writes everything to ``metrics/details/<stage>.json`` -- an output DVC
 does not flatten, read by the plan and by later stages -- and DVC's metrics are:
 
-- ``metrics/<stage>.json`` for preflight, prepare and extract: the keys of
+- ``metrics/<stage>.json`` for preflight and prepare: the keys of
   :data:`HEADLINE`, copied from the details (same values, never recomputed);
 - dvclive's summary ``dvclive/<stage>/metrics.json`` for train and validate, written
   through :mod:`eagle3_pipeline.train.live` / :mod:`eagle3_pipeline.validate.live`.
@@ -22,15 +22,16 @@ from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.core.io import atomic_write_json
 
 # The figures a user decides on, per stage. DVC puts every key of every metrics file in
-# one table, one column each, so the whole headline is kept to what fits a terminal line
-# or close to it: preflight's verdict, rows, tokens/s (extract and train share the
-# column), and -- from dvclive -- val loss, acceptance length, vLLM speedup, losslessness.
-# The target stage has no headline (its figures describe the target, not a choice).
+# one table, one column each (``dvc exp show`` prefixes a key two files share with the
+# file's path), so the whole headline is kept to what fits a terminal line or close to
+# it: preflight's verdict, rows, and -- from dvclive -- step, training tokens/s, val loss,
+# acceptance length, vLLM speedup, losslessness. Target and extract have no headline:
+# their figures describe the target and the cost of a run, not a choice between drafts.
 HEADLINE: dict[str, tuple[str, ...]] = {
     "preflight": ("passed",),
     "target": (),
     "prepare": ("rows",),
-    "extract": ("tokens_per_s",),
+    "extract": (),
 }
 
 
