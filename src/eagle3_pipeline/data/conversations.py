@@ -126,7 +126,7 @@ def read_records(path: Path, errors: ErrorLog) -> Iterator[tuple[str, Any]]:
     if not path.is_file():
         raise FileNotFoundError(f"data.path={path}: file not found")
     raw = path.read_bytes()
-    if path.suffix == ".json" or raw.lstrip()[:1] == b"[":
+    if is_json_document(path, raw):
         yield from _read_json_document(path, raw, errors)
         return
     for lineno, line in enumerate(raw.splitlines(), start=1):
@@ -147,6 +147,22 @@ def read_records(path: Path, errors: ErrorLog) -> Iterator[tuple[str, Any]]:
                        f"{where}: malformed JSON ({exc.msg}, column {exc.colno})", True)  # fmt: skip
 
 
+def is_json_document(path: Path, raw: bytes) -> bool:
+    """A JSON file (a list, or an object holding one) rather than JSONL."""
+    return path.suffix == ".json" or raw.lstrip()[:1] == b"["
+
+
+def document_records(data: Any) -> Any:
+    """The conversations of a parsed JSON document: one conversation object, an object
+    holding exactly one list, or the list itself (anything else is returned as is)."""
+    if isinstance(data, dict):
+        lists = [v for v in data.values() if isinstance(v, list)]
+        if "messages" in data or "conversations" in data or len(lists) != 1:
+            return [data]
+        return lists[0]
+    return data
+
+
 def _read_json_document(path: Path, raw: bytes, errors: ErrorLog) -> Iterator[tuple[str, Any]]:
     try:
         data = json.loads(raw.decode("utf-8"))
@@ -158,12 +174,7 @@ def _read_json_document(path: Path, raw: bytes, errors: ErrorLog) -> Iterator[tu
         where = f"{path}:{exc.lineno}"
         errors.add("malformed_json", where, f"{where}: malformed JSON ({exc.msg})", True)
         return
-    if isinstance(data, dict):
-        lists = [v for v in data.values() if isinstance(v, list)]
-        if "messages" in data or "conversations" in data or len(lists) != 1:
-            data = [data]
-        else:
-            data = lists[0]
+    data = document_records(data)
     if not isinstance(data, list):
         errors.add("malformed_json", str(path),
                    f"{path}: a JSON file must hold a list of conversations", True)  # fmt: skip

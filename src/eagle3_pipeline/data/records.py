@@ -10,9 +10,11 @@ lines), so preflight and the plan can afford it; a Hugging Face dataset is not c
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from eagle3_pipeline.core.config import DataConfig
+from eagle3_pipeline.data.conversations import document_records, is_json_document
 
 
 def count_records(data: DataConfig, seed: int) -> int | None:
@@ -30,18 +32,11 @@ def count_records(data: DataConfig, seed: int) -> int | None:
         raw = path.read_bytes()
     except OSError:
         return None
-    if path.suffix == ".json" or raw.lstrip()[:1] == b"[":
-        import json
-
+    if is_json_document(path, raw):
         try:
-            doc = json.loads(raw)
+            doc = document_records(json.loads(raw))
         except (ValueError, UnicodeDecodeError):
             return 0
-        if isinstance(doc, dict):
-            lists = [v for v in doc.values() if isinstance(v, list)]
-            if "messages" in doc or "conversations" in doc or len(lists) != 1:
-                return 1
-            doc = lists[0]
         return len(doc) if isinstance(doc, list) else 0
     return sum(1 for line in raw.splitlines() if line.strip())
 
