@@ -30,10 +30,19 @@ log = logging.getLogger(__name__)
 KILL_WAIT_S = 30.0  # after SIGKILL; only a process stuck in the kernel (a wedged driver) waits
 
 
-def start_group(cmd: Sequence[str], **popen_kwargs: Any) -> subprocess.Popen[bytes]:
-    """``cmd`` as the leader of a new session and process group (``Popen`` keywords pass
-    through), so that :func:`stop_group` reaches every process it starts."""
-    return subprocess.Popen(list(cmd), start_new_session=True, **popen_kwargs)
+GUARD = "eagle3_pipeline.core.guard"
+
+
+def start_group(cmd: Sequence[str], remove: Sequence[str | Path] = (),
+                **popen_kwargs: Any) -> subprocess.Popen[bytes]:
+    """``cmd`` in a new session and process group (``Popen`` keywords pass through), so
+    that :func:`stop_group` reaches every process it starts. The group's leader is
+    :mod:`eagle3_pipeline.core.guard`, which kills the group if this process dies without
+    stopping it (SIGKILL runs no cleanup here) and deletes the ``remove`` paths once
+    ``cmd`` has exited."""
+    opts = [a for p in remove for a in ("--remove", str(p))]
+    guarded = [sys.executable, "-m", GUARD, str(os.getpid()), *opts, "--", *map(str, cmd)]
+    return subprocess.Popen(guarded, start_new_session=True, **popen_kwargs)
 
 
 def signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:

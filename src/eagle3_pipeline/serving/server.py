@@ -81,8 +81,10 @@ class VllmServer:
         env: dict[str, str] | None = None,
         expected: ExpectedModel | None = None,
         port_key: str | None = None,
+        remove: Sequence[str | Path] = (),
     ) -> None:
         self.cmd = list(cmd)
+        self.remove = list(remove)  # deleted by the group's guard once vLLM has exited
         self.api_key = secrets.token_urlsafe(32)
         self.env = {**(env if env is not None else os.environ), "VLLM_API_KEY": self.api_key}
         self.port = port
@@ -108,7 +110,8 @@ class VllmServer:
             check_port_free(self.port, self.port_key, self.error)
             with open(self.log_file, "ab") as logfh:
                 self._log_start = os.fstat(logfh.fileno()).st_size
-                self.proc = start_group(self.cmd, stdout=logfh, stderr=subprocess.STDOUT,
+                self.proc = start_group(self.cmd, self.remove, stdout=logfh,
+                                        stderr=subprocess.STDOUT,
                                         env=self.env)
             self.wait_healthy()
             self.verify()
@@ -230,7 +233,8 @@ def engine_expected(engine: Any) -> ExpectedModel:
 def engine_server(engine: Any, python: str | Path, port: int, log_file: str | Path,
                   startup_timeout_s: float, shutdown_timeout_s: float, *,
                   port_key: str | None = None, health_path: str = "/health",
-                  error: type[Exception] = StageError) -> VllmServer:
+                  error: type[Exception] = StageError,
+                  remove: Sequence[str | Path] = ()) -> VllmServer:
     """``vllm serve`` for an :class:`~eagle3_pipeline.serving.engine.Engine`, run by the vLLM
     environment's ``python`` with the engine's environment variables; ``port_key`` is the
     config key that sets ``port``."""
@@ -241,7 +245,7 @@ def engine_server(engine: Any, python: str | Path, port: int, log_file: str | Pa
         engine.serve_argv(port, (str(python), "-m", "vllm.entrypoints.cli.main")), port,
         log_file, startup_timeout_s, shutdown_timeout_s, timeout_key="vllm.startup_timeout_s",
         health_path=health_path, error=error, env=worker_env(engine.env),
-        expected=engine_expected(engine), port_key=port_key,
+        expected=engine_expected(engine), port_key=port_key, remove=remove,
     )
 
 
