@@ -35,18 +35,25 @@ def main() -> None:
     import torch
     from speculators.train.trainer import TrainerConfig
     from torch.utils.data import DataLoader
+    from tqdm.auto import tqdm
 
     from eagle3_pipeline.compat.speculators import speculators_trainer
     from eagle3_pipeline.core.config import load_config
     from eagle3_pipeline.train.distributed import Dist
-    from eagle3_pipeline.train.loop import DraftTrainer
+    from eagle3_pipeline.train.loop import DraftTrainer, _RunCounters
     from eagle3_pipeline.train.plan import plan_training
+    from eagle3_pipeline.train.prefetch import prefetch
 
     cfg = load_config(["train.tokens_per_step=1024", "train.hidden_noise=0.05",
                        *args.overrides])
     plan = plan_training(cfg)
     ours = DraftTrainer(cfg, plan, Dist(), progress=False)
-    other = DraftTrainer(cfg, plan, Dist(), progress=False)
+    # speculators' stock path: its Trainer, and the draft with its own attention for the
+    # device (sdpa: flex attention has no CPU backward; on CUDA both use flex attention)
+    stock = cfg if plan.runtime.device == "cuda" else load_config(
+        ["train.tokens_per_step=1024", "train.hidden_noise=0.05", *args.overrides,
+         "train.attn_implementation=sdpa"])
+    other = DraftTrainer(stock, plan_training(stock), Dist(), progress=False)
     all_batches = ours.epoch_batches(ours.train_ds, 0)
     need = args.steps * args.trials + 1
     while len(all_batches) < need:
@@ -74,15 +81,19 @@ def main() -> None:
         theirs.train_loader = first
         theirs.train_epoch(0)
 
+        bar, run = tqdm(disable=True), _RunCounters()
         ours_tps: list[float] = []
         theirs_tps: list[float] = []
         for k in range(args.trials):
             batches = list(slice_loader(k))  # the same tensors for both; noise is added per step
             tokens = _tokens(batches)
             def run_ours(k: int = k, tokens: float = tokens) -> None:
+                # the train stage's own path: batches prefetched by a thread, each step's
+                # figures read back once per train.log_every_steps window
                 t0 = time.perf_counter()
-                for i, b in enumerate(slice_loader(k)):
-                    ours.train_step(b, i)
+                for b in prefetch(slice_loader(k), ours.prefetch):
+                    ours._step(bar, 0, b, run)
+                ours.flush_steps(bar, run)
                 ours_tps.append(tokens / (time.perf_counter() - t0))
 
             def run_theirs(k: int = k, tokens: float = tokens) -> None:
@@ -97,7 +108,8 @@ def main() -> None:
                   f"{theirs_tps[-1]:,.0f} tok/s")
 
     mo, mt = statistics.median(ours_tps), statistics.median(theirs_tps)
-    print(f"device {plan.runtime.device}, dtype {plan.runtime.dtype}, attention {ours.attn}, "
+    print(f"device {plan.runtime.device}, dtype {plan.runtime.dtype}, attention {ours.attn} "
+          f"(speculators: {other.attn}), prefetch {ours.prefetch}, "
           f"loss {ours.loss_impl}, {cfg.train.tokens_per_step} tokens/step, "
           f"{args.steps} steps x {args.trials} trials, threads {torch.get_num_threads()}")
     print(f"median tokens/s: train stage {mo:,.0f}, speculators Trainer {mt:,.0f}")

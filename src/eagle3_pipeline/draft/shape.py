@@ -275,6 +275,10 @@ def transformer_layer_config(shape: DraftShape, vocab_size: int, n_aux: int, att
     )
     # vLLM sizes the llama draft's fc for 3 aux states unless told otherwise.
     cfg.num_aux_hidden_states = n_aux
+    if attn == "sdpa_packed":
+        from eagle3_pipeline.draft.packed_attention import register
+
+        register()
     cfg._attn_implementation = attn
     return cfg
 

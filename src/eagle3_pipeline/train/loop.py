@@ -41,6 +41,7 @@ from eagle3_pipeline.train.inputs import target_model_dir
 from eagle3_pipeline.train.live import History, LiveCurves
 from eagle3_pipeline.train.metrics import accumulate, summarize
 from eagle3_pipeline.train.plan import TrainPlan
+from eagle3_pipeline.train.prefetch import prefetch
 from eagle3_pipeline.train.runtime import cuda_attention, cuda_loss
 from eagle3_pipeline.train.state import load_state, save_state
 
@@ -97,6 +98,8 @@ class DraftTrainer:
         # a process group started outside the stage (a hand-run torchrun) still gets DDP
         self.parallel = (rt.parallel if rt.parallel != "none" else "ddp") if d.world > 1 else "none"
         self.model = self._build_model()
+        self.prefetch = (self.t.prefetch_batches if self.t.prefetch_batches is not None
+                         else 2 if (self.device.type == "cuda" or plan.online) else 0)
         self.train_ds = load_split(plan, self.t, "train", self.hs_dtype)
         self.val_ds = load_split(plan, self.t, "val", self.hs_dtype)
         # the multipack sampler packs each epoch's permutation differently: count them all
@@ -117,6 +120,9 @@ class DraftTrainer:
         self.sharding: list[dict[str, Any]] = []  # per epoch: which rank trained on which rows
         self.fail_after = fault_after(FAULT_NAME)
         self._kwargs: dict[str, Any] | None = None
+        # steps whose figures are still on the device: (global step, epoch, train_step's out)
+        self._pending: list[tuple[int, int, dict[str, Any]]] = []
+        self._window_t0 = 0.0
 
     # -- construction
 
@@ -198,10 +204,12 @@ class DraftTrainer:
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         self.scheduler.step()
-        sums: dict[str, float] = {}
-        accumulate(sums, metrics)
-        sums["tokens_sum"] = float((gb["document_ids"] != -1).sum().item())
-        return {"sums": sums, "lr": lr}
+        # the figures stay on the device: read back once per log window (flush_steps)
+        keys = sorted(k for k in metrics if k.endswith(("_sum", "_total")))
+        values = torch.stack([torch.as_tensor(metrics[k], device=self.device).detach()
+                              .to(torch.float64).reshape(()) for k in keys]
+                             + [(gb["document_ids"] != -1).sum().to(torch.float64)])
+        return {"keys": [*keys, "tokens_sum"], "values": values, "lr": lr}
 
     # -- validation
 
@@ -213,7 +221,8 @@ class DraftTrainer:
         sums: dict[str, float] = {}
         batches = self.epoch_batches(self.val_ds, 0)
         with torch.no_grad():
-            for batch in self.loader(self.val_ds, batches):
+            for batch in prefetch(self.loader(self.val_ds, batches), self.prefetch,
+                                  pin_memory=self.device.type == "cuda"):
                 gb = self._to_device(batch)
                 with self._autocast():
                     _tokens, _loss, metrics = self.model(**gb, **self.call_kwargs())
@@ -295,35 +304,66 @@ class DraftTrainer:
         # a resumed epoch's first batches were trained by the killed run, on this rank
         # (the fingerprint guarantees the same plan)
         seen = [i for b in batches[:start] for i in b]
-        for rows, batch in zip(todo, self.loader(self.train_ds, todo), strict=True):
-            seen.extend(rows)
-            self._step(bar, epoch, batch, run)
-            step_in_epoch += 1
-            end_of_epoch = step_in_epoch == len(batches)
-            every = max(1, self.t.checkpoint_every_steps)
-            if not (self._done() or end_of_epoch) and self.global_step % every == 0:
-                save_state(self, epoch, step_in_epoch)
-            self._inject_fault(run)
-            if self._done():
-                break
+        batches_ahead = prefetch(self.loader(self.train_ds, todo), self.prefetch,
+                                 pin_memory=self.device.type == "cuda")
+        try:
+            for rows, batch in zip(todo, batches_ahead, strict=True):
+                seen.extend(rows)
+                self._step(bar, epoch, batch, run)
+                step_in_epoch += 1
+                end_of_epoch = step_in_epoch == len(batches)
+                every = max(1, self.t.checkpoint_every_steps)
+                if not (self._done() or end_of_epoch) and self.global_step % every == 0:
+                    self.flush_steps(bar, run)
+                    save_state(self, epoch, step_in_epoch)
+                self._inject_fault(run)
+                if self._done():
+                    break
+        finally:
+            batches_ahead.close()  # stops the prefetch thread when leaving early
+        self.flush_steps(bar, run)
         self._record_sharding(epoch, seen)
         return step_in_epoch
 
     def _step(self, bar: Any, epoch: int, batch: dict[str, Any], run: _RunCounters) -> None:
-        t0 = time.perf_counter()
+        if not self._pending:
+            self._window_t0 = time.perf_counter()
         out = self.train_step(batch, self.global_step)
-        sums = all_reduce_sums(out["sums"], self.d, self.device)
-        dt = time.perf_counter() - t0
         self.global_step += 1
         run.steps += 1
-        run.tokens += sums["tokens_sum"]
+        self._pending.append((self.global_step, epoch, out))
+        if len(self._pending) >= max(1, self.t.log_every_steps):
+            self.flush_steps(bar, run)
+
+    def flush_steps(self, bar: Any, run: _RunCounters) -> None:
+        """Read back the pending steps' figures (one host sync, one all-reduce over the
+        ranks for the whole window) and log every step of it: each step's own loss and
+        accuracies, the window's tokens/s (a per-step wall time would only time the kernel
+        launches on CUDA)."""
+        import torch
+
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        keys = pending[0][2]["keys"]
+        table = torch.stack([out["values"] for _, _, out in pending])
+        if self.d.world > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(table)
+        rows = table.tolist()
+        dt = time.perf_counter() - self._window_t0
+        tokens = sum(r[-1] for r in rows)
+        run.tokens += tokens
         run.train_s += dt
-        row = summarize(sums, self.k)
-        point = self.history.log_step(self.global_step, epoch, row, out["lr"],
-                                      sums["tokens_sum"] / dt if dt else 0.0)
-        if self.curves is not None:
-            self.curves.log_step(point)
-        bar.update(1)
+        rate = tokens / dt if dt > 0 else 0.0
+        for (step, epoch, out), values in zip(pending, rows, strict=True):
+            sums = dict(zip(keys, values, strict=True))
+            row = summarize(sums, self.k)
+            point = self.history.log_step(step, epoch, row, out["lr"], rate)
+            if self.curves is not None:
+                self.curves.log_step(point)
+        bar.update(len(pending))
         bar.set_postfix(loss=f"{row['loss']:.3f}",
                         acc0=f"{row['accuracy_per_position'][0]:.2f}", refresh=False)
 

@@ -41,9 +41,9 @@ DDP_MEMORY_SHARE = 0.6
 
 
 def _check_kernels(device: str, attn: str | None, loss_impl: str | None) -> None:
-    if attn not in (None, "sdpa", "eager", "simple_flex_attention"):
-        raise ConfigError(f"train.attn_implementation={attn!r} is not sdpa, eager or "
-                          "simple_flex_attention")
+    if attn not in (None, "sdpa", "sdpa_packed", "eager", "simple_flex_attention"):
+        raise ConfigError(f"train.attn_implementation={attn!r} is not sdpa, sdpa_packed, "
+                          "eager or simple_flex_attention")
     if device == "cpu" and attn == "simple_flex_attention":
         raise ConfigError("train.attn_implementation=simple_flex_attention has no CPU backward")
     if loss_impl not in (None, "eager", "fused"):
@@ -73,7 +73,7 @@ def resolve_runtime(cfg: Config) -> Runtime:
     dtype = t.dtype or (hw.train_dtype if device == "cuda" else "float32")
     if dtype not in ("float32", "bfloat16", "float16"):
         raise ConfigError(f"train.dtype={dtype!r} is not float32, bfloat16 or float16")
-    attn = t.attn_implementation or ("sdpa" if device == "cpu" else None)
+    attn = t.attn_implementation or ("sdpa_packed" if device == "cpu" else None)
     loss_impl = t.loss_implementation or ("eager" if device == "cpu" else None)
     _check_kernels(device, attn, loss_impl)
     world = _world_size(cfg, device)

@@ -1,0 +1,102 @@
+"""``sdpa_packed``: SDPA per packed document, the CPU counterpart of flex attention's
+block sparsity.
+
+A training step packs several rows into one sequence of ``train.tokens_per_step`` tokens
+and speculators builds one dense mask over it: causal within each row, plus, for the TTT
+steps after the first, one diagonal entry per earlier step's keys. On CUDA flex attention
+skips the blocks that mask zeroes; dense SDPA (all there is on CPU without a compiler)
+computes them all: for a pack of P rows of similar length about P times the work needed,
+and attention is most of a CPU step.
+
+This function cuts the sequence where no query attends across the cut (found from the mask
+itself: a cut at i is valid when no row at or after i attends a key before i in the first
+block, and the later blocks are diagonal) and runs transformers' own SDPA function on each
+piece with its own sub-mask. It first checks that the pieces hold every attended entry of
+the mask; any mask where they do not (another layout, a future speculators) is computed
+whole, as plain ``sdpa`` would. The sums are the same; only the order of the additions
+inside the kernel differs, so losses agree with ``sdpa`` to float rounding, not bit for bit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+NAME = "sdpa_packed"
+MIN_PIECE = 64  # tokens: smaller runs (padding rows, short rows) are merged into one piece
+
+
+def _pieces(mask0: Any, min_piece: int) -> list[tuple[int, int]]:
+    """Cuts of ``[0, n)`` that no query of the first key block attends across."""
+    import torch
+
+    n = mask0.shape[-1]
+    first = mask0.to(torch.int8).argmax(dim=-1)  # each row's first attended key
+    # a cut at i is valid when every row r >= i attends nothing before i
+    suffix_min = torch.flip(torch.cummin(torch.flip(first, [0]), 0).values, [0])
+    valid = (suffix_min >= torch.arange(n, device=first.device)).tolist()
+    pieces: list[tuple[int, int]] = []
+    start = 0
+    for i in range(1, n):
+        if valid[i] and i - start >= min_piece:
+            pieces.append((start, i))
+            start = i
+    pieces.append((start, n))
+    return pieces
+
+
+def pieces_for(attention_mask: Any, n: int, kv: int) -> list[tuple[int, int]] | None:
+    """The cuts of an ``[1, 1, n, kv]`` boolean mask into pieces that hold every attended
+    entry (keys of block j of piece (s, e) at ``j * n + s .. j * n + e``), or None when
+    the mask is not that layout or gives a single piece."""
+    import torch
+
+    m = attention_mask
+    if (m is None or m.dtype != torch.bool or m.dim() != 4 or m.shape[0] != 1
+            or m.shape[1] != 1 or kv % n or tuple(m.shape[-2:]) != (n, kv)
+            or n < 2 * MIN_PIECE):
+        return None
+    mask = m[0, 0].view(n, kv // n, n).transpose(1, 2)  # [query, key position, block]
+    pieces = _pieces(mask[:, :, 0], MIN_PIECE)
+    if len(pieces) == 1:
+        return None
+    inside = sum(int(mask[s:e, s:e].sum()) for s, e in pieces)
+    if inside != int(m.sum()):  # something attends across a cut: not our layout
+        return None
+    return pieces
+
+
+def sdpa_packed_forward(module: Any, query: Any, key: Any, value: Any, attention_mask: Any,
+                        *args: Any, **kwargs: Any) -> tuple[Any, None]:
+    """Same signature and result as transformers' ``sdpa_attention_forward``."""
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    n, kv = query.shape[2], key.shape[2]
+    pieces = pieces_for(attention_mask, n, kv)
+    if pieces is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, *args, **kwargs)
+    blocks = kv // n
+    mask = attention_mask[0, 0].view(n, blocks, n).transpose(1, 2)
+    # keys ordered (position, block), so a piece's keys are one slice; split() keeps the
+    # backward to one concatenation (a slice per piece would allocate a full-size gradient)
+    sizes = [e - s for s, e in pieces]
+    b, hk, _, d = key.shape
+    ks = key.view(b, hk, blocks, n, d).transpose(2, 3).split(sizes, dim=2)
+    vs = value.view(b, hk, blocks, n, d).transpose(2, 3).split(sizes, dim=2)
+    qs = query.split(sizes, dim=2)
+    outs = []
+    for (s, e), q, k, v in zip(pieces, qs, ks, vs, strict=True):
+        size = e - s
+        sub = mask[s:e, s:e].reshape(1, 1, size, size * blocks)
+        out, _ = sdpa_attention_forward(
+            module, q, k.reshape(b, hk, size * blocks, d), v.reshape(b, hk, size * blocks, d),
+            sub, *args, **kwargs)
+        outs.append(out)
+    return torch.cat(outs, dim=1), None
+
+
+def register() -> None:
+    """Make ``sdpa_packed`` an attention implementation transformers' layers can use."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(NAME, sdpa_packed_forward)
