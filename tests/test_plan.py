@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -326,3 +327,47 @@ def test_draft_too_large_for_the_gpus(tmp_path, capsys):
     kinds = [ln.split(":")[0] for ln in problems]
     assert kinds == ["PROBLEM draft", "PROBLEM serving"]
     assert "per process, a RTX PRO 6000 Blackwell GPU has 3.9 GiB" in problems[0]
+
+
+def test_both_hidden_state_modes_for_kimi_on_8_rtx_pro_6000(tmp_path):
+    """Offline keeps every token's states on disk; online keeps none and shares the GPUs:
+    vLLM's weights per GPU + an extraction allowance, the trainer beside it."""
+    cfg = cfg_for(tmp_path, *KIMI, "train.samples=500000")
+    p = plan.build_plan(cfg, list(KIMI), free_fn=lambda _: PLENTY)
+    m, s = p.data["modes"], p.data["storage"]
+    assert m["offline"]["hidden_states_bytes"] == s["total_bytes"] > 10e12  # tens of TB
+    on = m["online"]
+    assert on["hidden_states_bytes"] == 0
+    # in flight: (2 prefetched + 1 training) batches of 1,024 tokens on each of 8 ranks
+    assert on["staging_bytes"] == 3 * 1024 * 57_344 * 8
+    one = on["one_node"]
+    w = p.data["serving"]["weights_per_gpu_bytes"]
+    gpu = 97_887 * 1024**2
+    assert one["gpu_bytes"] == gpu and one["fits"]
+    assert one["vllm_gpu_memory_utilization"] == math.ceil((w + 6 * 1024**3) / gpu * 100) / 100
+    assert one["vllm_bytes_per_gpu"] + one["train_bytes_per_gpu"] <= 0.95 * gpu
+    assert "-S extract.mode=online -S hardware.serving.gpu_memory_utilization=0.79" in on["command"]
+    assert "--gpu-memory-utilization 0.79" in on["stage_runs"][0]
+    text = plan.render_plan(p)
+    assert "online disk" in text and "[two nodes]" in text
+
+
+def test_two_nodes_print_per_node_commands_for_both_modes(tmp_path):
+    cfg = cfg_for(tmp_path, *KIMI)
+    two = plan.build_plan(cfg, list(KIMI), free_fn=lambda _: PLENTY).data["modes"]["two_nodes"]
+    extract, train = two["offline"].values()
+    assert [c.endswith(f"# node {r}") for r, c in enumerate(extract[:2])] == [True, True]
+    assert "extract.rank=1 extract.world_size=2" in extract[1]
+    assert "--nnodes 2 --node_rank 1" in train[1] and "dvc push" in train[2]
+    (online,) = two["online"].values()
+    head, worker = online[1], online[2]
+    assert "--data-parallel-size 2" in head and "--headless" in worker
+    assert "--data-parallel-start-rank 1" in worker
+    assert all("EAGLE3_ONLINE_URL=http://$NODE0:8000/v1" in c for c in online[3:5])
+    # GPUs too small to hold vLLM and a trainer together: vLLM on node 0, trainers on 1
+    small = cfg_for(tmp_path, *KIMI, "hardware.gpu_memory_mib=81920")
+    m = plan.build_plan(small, free_fn=lambda _: PLENTY).data["modes"]
+    assert not m["online"]["one_node"]["fits"]
+    (split,) = m["two_nodes"]["online"].values()
+    assert split[1].endswith("# node 0") and "--data-parallel" not in split[1]
+    assert "torchrun --standalone" in split[2] and split[2].endswith("# node 1")

@@ -84,8 +84,21 @@ def strict_hidden_states_dataset(
     warning, and the collate function then drops it or trains on an empty placeholder.
     Here such a row raises ``ValueError`` naming the row and its file.
     """
-    global _STRICT_DATASET_CLASS
     from hs_connectors import FileTransfer
+
+    return _strict_class()(
+        max_len=max_len,
+        datapath=str(prepared_dir),
+        transfer=FileTransfer(Path(hidden_states_dir)),
+        on_missing="raise",
+        train_ratio=train_ratio,
+        split=split,  # type: ignore[arg-type]
+        hidden_states_dtype=hidden_states_dtype,
+    )
+
+
+def _strict_class() -> type:
+    global _STRICT_DATASET_CLASS
     from speculators.train.data import ArrowDataset
     from speculators.train.recovery import SampleUnavailable
 
@@ -96,7 +109,8 @@ def strict_hidden_states_dataset(
                 item = super().__getitem__(index)
                 if isinstance(item, SampleUnavailable):
                     row = self._map_to_file_idx(index)
-                    path = self.transfer.hidden_states_path / f"hs_{row}.safetensors"
+                    path = getattr(self, "source", None) or (
+                        self.transfer.hidden_states_path / f"hs_{row}.safetensors")
                     raise ValueError(
                         f"{path}: unusable for prepared row {row} "
                         f"({getattr(item, 'reason', None) or 'token ids differ from the row'})"
@@ -104,15 +118,78 @@ def strict_hidden_states_dataset(
                 return item
 
         _STRICT_DATASET_CLASS = StrictArrowDataset
+    return _STRICT_DATASET_CLASS
 
-    return _STRICT_DATASET_CLASS(
+
+def online_hidden_states_dataset(
+    prepared_dir: str | Path,
+    split: str,
+    train_ratio: float,
+    max_len: int,
+    hidden_states_dtype: Any,
+    *,
+    endpoint: str,
+    api_key: str,
+    model: str,
+    stored_dtype: Any,
+    concurrency: int = 1,
+    request_timeout_s: float = 600.0,
+) -> Any:
+    """speculators' ``ArrowDataset`` in its online mode (``on_missing="generate"``): every
+    row's hidden states come from the vLLM server at ``endpoint`` and are deleted once read.
+
+    Four changes, each to an internal of speculators 0.9: its client sends the API key
+    ``"EMPTY"`` (our servers are private to the run, so ``_setup_client`` is replaced);
+    nothing is read from a cache (``get_cached`` returns None: online stores nothing); the
+    states are cast to ``stored_dtype``, as offline extraction stores them, so online and
+    offline train on the same numbers; and ``__getitems__`` fetches a batch's rows with
+    ``concurrency`` requests in flight (the DataLoader calls it for a whole batch), where
+    speculators asks one row at a time. A failed row raises instead of being dropped."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import openai
+    import torch
+    from hs_connectors import FileTransfer
+
+    class OnlineTransfer(FileTransfer):
+        def get_cached(self, file_idx: int) -> Any:
+            return None
+
+        def get_generated(self, hs_transfer_params: dict[str, Any]) -> Any:
+            data = super().get_generated(hs_transfer_params)
+            if data is not None:
+                data["hidden_states"] = data["hidden_states"].to(stored_dtype)
+                data["token_ids"] = data["token_ids"].to(torch.int64)
+            return data
+
+    class OnlineArrowDataset(_strict_class()):  # type: ignore[misc]
+        source = f"vLLM extraction server {endpoint}"
+
+        def _setup_client(self) -> None:
+            self.client = openai.OpenAI(base_url=self.vllm_endpoint, api_key=api_key,
+                                        max_retries=0)
+
+        def __getitems__(self, indices: list[int]) -> list[Any]:
+            if self.client is None:
+                self._setup_client()
+            if concurrency <= 1 or len(indices) <= 1:
+                return [self[i] for i in indices]
+            with ThreadPoolExecutor(min(concurrency, len(indices))) as pool:
+                return list(pool.map(self.__getitem__, indices))
+
+    return OnlineArrowDataset(
         max_len=max_len,
         datapath=str(prepared_dir),
-        transfer=FileTransfer(Path(hidden_states_dir)),
-        on_missing="raise",
+        transfer=OnlineTransfer(Path()),  # the connector's paths are absolute
+        vllm_endpoint=endpoint,
+        on_missing="generate",
         train_ratio=train_ratio,
         split=split,  # type: ignore[arg-type]
         hidden_states_dtype=hidden_states_dtype,
+        model=model,
+        request_timeout=request_timeout_s,
+        max_retries=1,
+        generation_validation_retries=1,
     )
 
 

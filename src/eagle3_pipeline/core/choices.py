@@ -76,6 +76,11 @@ class ExtractBackend(Choice):
     vllm = "vllm"  # vllm serve + speculators' client, GPU
 
 
+class ExtractMode(Choice):
+    offline = "offline"  # hidden states written to data/hidden_states (DVC's cache)
+    online = "online"  # a vLLM server makes them during training; nothing is stored
+
+
 class OnMismatch(Choice):
     refuse = "refuse"  # fail the stage
     restart = "restart"  # discard the other run's files (never mix them)
@@ -96,6 +101,7 @@ class Scheduler(Choice):
 
 class AttnImplementation(Choice):
     sdpa = "sdpa"
+    sdpa_packed = "sdpa_packed"  # SDPA per packed row: skips the masked blocks (CPU default)
     eager = "eager"
     simple_flex_attention = "simple_flex_attention"  # CUDA only (no CPU backward)
 

@@ -14,5 +14,6 @@ def setup_logging(verbose: bool = False) -> None:
         datefmt="%H:%M:%S",
         stream=sys.stderr,
     )
-    for noisy in ("httpx", "urllib3", "datasets", "filelock", "fsspec"):
+    for noisy in ("httpx", "httpx2", "httpcore", "openai", "urllib3", "datasets", "filelock",
+                  "fsspec"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

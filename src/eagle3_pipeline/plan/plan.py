@@ -23,6 +23,7 @@ from typing import Any
 
 from eagle3_pipeline.core.config import Config, ConfigError, load_config, stage_argparser
 from eagle3_pipeline.core.io import atomic_write_json
+from eagle3_pipeline.plan.modes import EXTRACT_KV_RESERVE, hidden_state_modes
 from eagle3_pipeline.plan.resources import (
     FreeBytesFn,
     disk_need,
@@ -181,6 +182,7 @@ def build_plan(
             "be trained but not served"
         )
     t_extract, t_train = estimate_time(cfg, storage)
+    modes = hidden_state_modes(cfg, target, storage, draft, serving, _target_ref(cfg))
     data = {
         "config": {
             "model": cfg.model.name,
@@ -213,6 +215,7 @@ def build_plan(
         "serving": serving.to_dict() if serving else None,
         "time": {"extract": t_extract.to_dict(), "train": t_train.to_dict()},
         "commands": commands(cfg, target, list(overrides or [])),
+        "modes": modes,
         "problems": problems,
         "fits": not problems,
     }
@@ -328,8 +331,36 @@ def render_plan(plan: Plan) -> str:
                 f"[{e['source']}]",
             )
         )
-    width = max(len(k) for k, _ in rows)
+    section("hidden states: offline vs online (extract.mode)")
+    md = d["modes"]
+    off, on = md["offline"], md["online"]
+    rows += [
+        ("offline disk", f"{fmt_gb(off['hidden_states_bytes'])} of hidden states (kept)"),
+        ("offline GPUs", off["gpus"]),
+        ("online disk", f"0 kept; {fmt_gb(on['staging_bytes'])} in flight (the batch in "
+         "training + the prefetched ones, every rank)"),
+        ("online GPUs", on["gpus"]),
+    ]
+    if "one_node" in on:
+        one = on["one_node"]
+        rows.append(("online per GPU", f"vLLM {fmt_gib(one['vllm_bytes_per_gpu'])} (weights "
+                     f"+ {fmt_gib(EXTRACT_KV_RESERVE)} for extraction) + trainer "
+                     f"{fmt_gib(one['train_bytes_per_gpu'])} of {fmt_gib(one['gpu_bytes'])}"
+                     f" -> {'fits' if one['fits'] else 'does not fit'}"))
+    width = max(len(k) for k, v in rows if v)
     lines = [f"{k:<{width}}  {v}" if v else k for k, v in rows]
+    lines.append(f"# offline\n{off['command']}")
+    lines.append(f"# online\n{on['command']}")
+    for cmd in on.get("stage_runs", []):
+        lines.append(f"#   the train stage then runs\n{cmd}")
+    if "two_nodes" in md:
+        two = md["two_nodes"]
+        lines.append("[two nodes]")
+        lines.append(f"# requires: {two['requires']}")
+        for mode in ("offline", "online"):
+            for step, cmds in two[mode].items():
+                lines.append(f"# {mode}: {step}")
+                lines += cmds
     lines.append("[commands]")
     for key, value in d["commands"].items():
         for cmd in value if isinstance(value, list) else [value]:

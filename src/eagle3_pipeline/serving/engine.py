@@ -25,6 +25,9 @@ from eagle3_pipeline.compat import vllm as vllm_compat
 from eagle3_pipeline.core.config import Config
 
 PURPOSES = ("extract", "regenerate", "validate", "baseline")
+# An online extraction engine is recorded by the extract stage before the train stage picks
+# the directory its connector writes to; this stands for that directory until then.
+STAGING_PLACEHOLDER = "${staging}"
 
 
 @dataclass
@@ -186,11 +189,12 @@ def build_engine(
     elif purpose == "extract":
         if staging is None:
             raise ValueError("an extract engine needs a staging directory")
+        where = staging if staging == STAGING_PLACEHOLDER else str(Path(staging).absolute())
         eng.speculative_config = extract_config([*spec.aux_layer_ids, spec.num_layers])
         eng.kv_transfer_config = {
             **vllm_compat.hidden_states_connector(cpu),
             "kv_role": "kv_producer",
-            "kv_connector_extra_config": {"shared_storage_path": str(Path(staging).absolute())},
+            "kv_connector_extra_config": {"shared_storage_path": where},
         }
         eng.enable_prefix_caching = False  # every prompt computed, its states kept
     elif purpose == "regenerate":

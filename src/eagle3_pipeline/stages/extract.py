@@ -1,6 +1,8 @@
 """Stage `extract`: the target's hidden states for every prepared row, in speculators'
 file format (data/hidden_states/hs_{i}.safetensors + manifest.json), with the `hf`
-backend (transformers, CPU or GPU) or the `vllm` backend (a vLLM server, GPU)."""
+backend (transformers, CPU or GPU) or the `vllm` backend (a vLLM server, GPU). With
+extract.mode=online it writes only manifest.json: the train stage then serves the target
+in vLLM and reads the hidden states batch by batch, storing none."""
 
 from __future__ import annotations
 
@@ -14,6 +16,15 @@ log = logging.getLogger(__name__)
 
 
 def run(cfg: Config) -> None:
+    if cfg.extract.mode == "online":
+        from eagle3_pipeline.extract.online import record_online
+
+        metrics = record_online(cfg)
+        write_stage_metrics(cfg, "extract", metrics)
+        log.info("extract (online): manifest for %d rows (%d tokens), layers %s; the train "
+                 "stage serves the target and reads their hidden states from vLLM",
+                 metrics["samples"], metrics["tokens"], metrics["aux_layer_ids"])
+        return
     if cfg.extract.backend == "vllm":
         from eagle3_pipeline.extract.vllm_backend import extract_vllm
 

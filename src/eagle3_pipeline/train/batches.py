@@ -11,15 +11,30 @@ from typing import Any
 from eagle3_pipeline.core.config import TrainConfig
 from eagle3_pipeline.targets.adapter import TargetSpec
 from eagle3_pipeline.train.distributed import Dist, all_reduce_ints
+from eagle3_pipeline.train.online import Endpoint
 from eagle3_pipeline.train.plan import TrainPlan
 
 log = logging.getLogger(__name__)
 
 
 def load_split(plan: TrainPlan, t: TrainConfig, split: str, hs_dtype: Any) -> Any:
-    """The ``train`` or ``val`` rows (``train.val_fraction`` of them are held out)."""
-    from eagle3_pipeline.compat.speculators import strict_hidden_states_dataset
+    """The ``train`` or ``val`` rows (``train.val_fraction`` of them are held out), their
+    hidden states read from extract's files, or online from the stage's vLLM server."""
+    from eagle3_pipeline.compat.speculators import (
+        online_hidden_states_dataset,
+        strict_hidden_states_dataset,
+    )
 
+    if plan.online is not None:
+        import torch
+
+        ep = Endpoint.from_env()
+        return online_hidden_states_dataset(
+            plan.paths.prepared, split, 1.0 - t.val_fraction, t.tokens_per_step, hs_dtype,
+            endpoint=ep.url, api_key=ep.api_key, model=ep.model,
+            stored_dtype=getattr(torch, plan.online.dtype),
+            concurrency=plan.online.concurrency,
+        )
     return strict_hidden_states_dataset(
         plan.paths.prepared, plan.paths.hidden_states, split, 1.0 - t.val_fraction,
         t.tokens_per_step, hs_dtype,

@@ -104,5 +104,11 @@ def check_hidden_states(hs_dir: Path, spec: TargetSpec, n_rows: int) -> dict[str
     manifest_path = hs_dir / "manifest.json"
     manifest = _read_manifest(manifest_path)
     _check_manifest(manifest_path, manifest, spec)
-    _check_files(hs_dir, spec, n_rows)
+    if manifest.get("mode") == "online":  # no files: a server makes them during training
+        count = (manifest.get("samples") or {}).get("count")
+        if count != n_rows:
+            raise TrainingError(f"{manifest_path}: recorded for {count} rows, the prepared "
+                                f"dataset has {n_rows}: rerun the extract stage")
+    else:
+        _check_files(hs_dir, spec, n_rows)
     return manifest

@@ -8,6 +8,7 @@ reading and that no process is left holding a GPU.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -20,6 +21,7 @@ from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.core.errors import StageError
 from eagle3_pipeline.core.metrics import details_path
 from eagle3_pipeline.core.processes import group_members, process_group
+from eagle3_pipeline.train.online import online_server
 from eagle3_pipeline.train.plan import plan_training
 from eagle3_pipeline.train.run import train
 
@@ -32,10 +34,14 @@ STOP_TIMEOUT_S = 30.0  # torchrun's grace after SIGTERM to stop its workers
 def run_training(cfg: Config) -> dict[str, Any]:
     """Train (or resume) the draft; metrics/train.json's content (not written here)."""
     plan = plan_training(cfg)  # every refusal before any process starts
-    if plan.runtime.launched:
-        metrics = launch_torchrun(cfg, plan.runtime.world_size, plan.runtime.device)
-    else:
-        metrics = train(cfg)
+    with contextlib.ExitStack() as stack:
+        if plan.online is not None:  # the workers inherit its endpoint
+            stack.enter_context(online_server(plan.online))
+        if plan.runtime.launched:
+            metrics = launch_torchrun(cfg, plan.runtime.world_size, plan.runtime.device)
+        else:
+            metrics = train(cfg)
+    metrics["hidden_states"] = "online" if plan.online is not None else "offline"
     if plan.runtime.device == "cuda":
         metrics["gpu"] = gpu_reading(cfg)
     else:

@@ -17,6 +17,7 @@ from eagle3_pipeline.draft.shape import DraftShape, check_train_config, special_
 from eagle3_pipeline.targets.adapter import TargetSpec, load_target_spec
 from eagle3_pipeline.train.errors import TrainingError
 from eagle3_pipeline.train.inputs import check_hidden_states, count_rows, target_model_dir
+from eagle3_pipeline.train.online import OnlineSource
 from eagle3_pipeline.train.runtime import Runtime, choose_parallel, resolve_runtime
 
 
@@ -54,6 +55,7 @@ class TrainPlan:
     required_tokens: dict[str, int]
     fingerprint: str
     parallel_reason: str = "one process"
+    online: OnlineSource | None = None  # extract.mode=online: the server to start
 
 
 def plan_training(cfg: Config, paths: TrainPaths | None = None) -> TrainPlan:
@@ -74,14 +76,17 @@ def plan_training(cfg: Config, paths: TrainPaths | None = None) -> TrainPlan:
             f"{paths.prepared}: {n_rows} rows cannot be split with "
             f"train.val_fraction={cfg.train.val_fraction}"
         )
-    check_hidden_states(paths.hidden_states, spec, n_rows)
+    manifest = check_hidden_states(paths.hidden_states, spec, n_rows)
+    online = None
+    if manifest.get("mode") == "online":
+        online = OnlineSource.from_manifest(paths.hidden_states / "manifest.json", manifest)
     required = special_token_ids(tdir)
-    fp = fingerprint(cfg, spec, shape, n_rows, runtime)
-    return TrainPlan(spec, shape, runtime, paths, n_rows, required, fp, reason)
+    fp = fingerprint(cfg, spec, shape, n_rows, runtime, "online" if online else "offline")
+    return TrainPlan(spec, shape, runtime, paths, n_rows, required, fp, reason, online)
 
 
 def fingerprint(cfg: Config, spec: TargetSpec, shape: DraftShape, n_rows: int,
-                runtime: Runtime) -> str:
+                runtime: Runtime, mode: str = "offline") -> str:
     """What a resumable state must match: every setting that changes the trajectory."""
     t = asdict(cfg.train)
     # a former test-only key, never part of the trajectory: dropped while configs carry it,
@@ -89,7 +94,7 @@ def fingerprint(cfg: Config, spec: TargetSpec, shape: DraftShape, n_rows: int,
     t.pop("fail_after_steps", None)
     blob = json.dumps(
         {"train": t, "seed": cfg.seed, "target": spec.to_dict(), "shape": shape.to_dict(),
-         "rows": n_rows, "runtime": asdict(runtime)},
+         "rows": n_rows, "runtime": asdict(runtime), "hidden_states": mode},
         sort_keys=True, default=str,
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -1,0 +1,118 @@
+"""``extract.mode=online``: record what online training needs, store no hidden states.
+
+At scale the hidden states are the cost: 56 KiB per token for Kimi-K2.5, tens of TB for
+the usual data recipes. Online, the train stage serves the target in vLLM with the same
+``extract_hidden_states`` engine and connector as the ``vllm`` backend and reads each
+batch's states from it, discarding them after the step. This stage still runs every check
+the offline backends run before their first batch (target layers, tokenizer, rows) and
+writes ``manifest.json``, the train stage's only input from here: the same key as an
+offline manifest (target, layers, dtype, tokenizer, rows) plus the engine to start.
+
+Files an earlier offline run left are removed, so the directory holds exactly what this
+mode promises (DVC's cache still has them: ``dvc checkout`` of that commit restores them).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from eagle3_pipeline.core.config import Config, ConfigError
+from eagle3_pipeline.extract.extraction import (
+    _check_config,
+    _check_layers,
+    _prepare_output,
+    peak_rss_bytes,
+)
+from eagle3_pipeline.extract.fingerprint import check_prepared_tokenizer, tokenizer_sha256
+from eagle3_pipeline.extract.layout import MANIFEST, output_dir, prepared_rows_dir, target_json_path
+from eagle3_pipeline.extract.manifest import (
+    existing_files,
+    manifest_key,
+    remove_stale_temps,
+    write_manifest,
+)
+from eagle3_pipeline.extract.rows import load_rows
+from eagle3_pipeline.extract.vllm_backend import vllm_layer_ids
+from eagle3_pipeline.serving.engine import STAGING_PLACEHOLDER, build_engine, log_file
+from eagle3_pipeline.targets.adapter import load_target_spec
+
+log = logging.getLogger(__name__)
+
+
+def online_section(cfg: Config, engine: dict[str, Any]) -> dict[str, Any]:
+    """What the train stage needs to start and talk to the extraction server."""
+    e, v = cfg.extract, cfg.vllm
+    return {
+        "engine": engine,
+        "python": v.python,
+        "port": e.server.port,
+        "concurrency": e.server.concurrency,
+        "staging_dir": e.staging_dir,
+        "startup_timeout_s": v.startup_timeout_s,
+        "shutdown_timeout_s": v.shutdown_timeout_s,
+        "log_file": str(log_file(cfg, "online")),
+    }
+
+
+def record_online(cfg: Config) -> dict[str, Any]:
+    """The checks of an offline extraction, then the manifest for online training."""
+    t0 = time.perf_counter()
+    _check_config(cfg)
+    if cfg.extract.world_size != 1:
+        raise ConfigError(
+            f"extract.world_size={cfg.extract.world_size}: online mode has no extraction to "
+            "split (the train stage's server serves every rank); set extract.world_size=1"
+        )
+    spec = load_target_spec(target_json_path(cfg))
+    _check_layers(spec, cfg)
+    model_dir = Path(spec.path or "")
+    if not model_dir.is_dir():
+        raise ConfigError(f"target.json: path={spec.path}: model directory not found")
+    tok_sha = tokenizer_sha256(model_dir)
+    check_prepared_tokenizer(prepared_rows_dir(cfg), tok_sha)
+    rows = load_rows(prepared_rows_dir(cfg), spec.vocab_size)
+    longest = max(rows.lengths)
+    if longest + 1 > cfg.hardware.serving.max_model_len:
+        raise ConfigError(
+            f"{rows.path}: a row of {longest} tokens does not fit "
+            f"hardware.serving.max_model_len={cfg.hardware.serving.max_model_len} (+1 generated)"
+        )
+    out = output_dir(cfg)
+    _prepare_output(out)
+    remove_stale_temps(out)
+    old = existing_files(out)
+    for f in old.values():
+        f.unlink()
+    if old:
+        log.info("%s: removed %d offline hidden-state files (online mode stores none; "
+                 "DVC's cache keeps them)", out, len(old))
+    # the train stage picks the connector's directory when it starts the server
+    engine = build_engine(cfg, spec, model_dir, "extract", staging=STAGING_PLACEHOLDER)
+    key = manifest_key(spec, model_dir, cfg.extract.dtype, "vllm", tok_sha)
+    write_manifest(out, key, rows, {
+        "mode": "online",
+        "plan": {"vllm_layer_ids": vllm_layer_ids(spec)},
+        "online": online_section(cfg, engine.to_dict()),
+    })
+    return {
+        "mode": "online",
+        "backend": "vllm",
+        "hardware": cfg.hardware.name,
+        "target": spec.name,
+        "aux_layer_ids": list(spec.aux_layer_ids),
+        "vllm_layer_ids": vllm_layer_ids(spec),
+        "dtype": cfg.extract.dtype,
+        "samples": len(rows),
+        "tokens": rows.tokens,
+        "samples_written": 0,
+        "samples_reused": 0,
+        "offline_files_removed": len(old),
+        "tokens_per_s": 0.0,
+        "wall_s": time.perf_counter() - t0,
+        "bytes_written": (out / MANIFEST).stat().st_size,
+        "bytes_per_token": 0.0,
+        "peak_rss_bytes": peak_rss_bytes(),
+    }
