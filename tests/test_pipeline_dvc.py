@@ -207,6 +207,23 @@ def test_repro_end_to_end_then_cached_then_train_only_change(repo_copy: Path):
     assert bad.returncode != 0 and "sampels" in (bad.stdout + bad.stderr)
     assert _lock(repo_copy) == lock3
 
+    # online hidden states: extract reruns (a manifest, no forward), then train (its
+    # input changed) and validate; target and prepare do not. Nothing is stored.
+    _run(repo_copy, "git", "add", "-A")
+    _run(repo_copy, "git", "commit", "-qm", "samples run")
+    online = _dvc(repo_copy, "exp", "run", "-S", f"train.samples={samples}",
+                  "-S", "extract.mode=online", *NO_VLLM)
+    lock5 = _lock(repo_copy)
+    assert _changed(lock3, lock5) - {"preflight"} == {"extract", "train", "validate"}
+    for stage in ("target", "prepare"):
+        assert f"Running stage '{stage}'" not in online.stdout, stage
+    hs = repo_copy / "data/hidden_states"
+    assert sorted(p.name for p in hs.iterdir()) == ["manifest.json"]
+    trained = json.loads((repo_copy / "metrics/details/train.json").read_text())
+    assert trained["hidden_states"] == "online" and trained["steps"] > 0
+    validated = json.loads((repo_copy / "metrics/details/validate.json").read_text())
+    assert validated["acceptance_length"] > 1.5
+
 
 def test_tiny_llama_runs_the_whole_graph(repo_copy: Path):
     _run(repo_copy, "git", "add", "-A")

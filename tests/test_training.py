@@ -512,3 +512,34 @@ def test_sigterm_stops_the_torchrun_workers(kimi_data: Path, run_in) -> None:
     time.sleep(0.5)
     alive = [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
     assert alive == [], alive
+
+
+@pytest.mark.slow
+def test_the_faster_step_leaves_the_loss_curve_unchanged(kimi_data: Path, tmp_path: Path) -> None:
+    """Same seed, same rows: speculators' stock step (dense sdpa, figures read every step,
+    no prefetch) and ours give the same per-step losses to float32 rounding; prefetching
+    and the log window change nothing at all (same order, same numbers)."""
+    from eagle3_pipeline.stages.train import main
+
+    runs = {
+        "stock": ["train.attn_implementation=sdpa", "train.log_every_steps=1",
+                  "train.prefetch_batches=0"],
+        "ours": [],  # sdpa_packed, a 10-step log window, no prefetch on CPU
+        "prefetch": ["train.prefetch_batches=2", "train.log_every_steps=3"],
+    }
+    losses: dict[str, list[float]] = {}
+    old = os.getcwd()
+    try:
+        for name, extra in runs.items():
+            work = _workdir(kimi_data, tmp_path / name)
+            os.chdir(work)
+            main([*REDUCED, "train.epochs=2", *extra])
+            rows = (work / "dvclive/train/plots/metrics/train/loss.tsv").read_text()
+            losses[name] = [float(r.split("\t")[1]) for r in rows.splitlines()[1:]]
+    finally:
+        os.chdir(old)
+    assert losses["prefetch"] == losses["ours"]
+    a, b = losses["stock"], losses["ours"]
+    assert len(a) == len(b) > 8
+    worst = max(abs(x - y) / abs(x) for x, y in zip(a, b, strict=True))
+    assert worst < 1e-4, (worst, a, b)

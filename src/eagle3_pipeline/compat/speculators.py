@@ -169,6 +169,14 @@ def online_hidden_states_dataset(
             self.client = openai.OpenAI(base_url=self.vllm_endpoint, api_key=api_key,
                                         max_retries=0)
 
+        def __getitem__(self, index: int) -> Any:
+            from eagle3_pipeline.core.errors import StageError
+
+            try:
+                return super().__getitem__(index)
+            except ValueError as exc:  # a row vLLM could not give: one line, not a trace
+                raise StageError(f"{exc}; the extraction server's log says why") from None
+
         def __getitems__(self, indices: list[int]) -> list[Any]:
             if self.client is None:
                 self._setup_client()

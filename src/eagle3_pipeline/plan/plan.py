@@ -336,10 +336,10 @@ def render_plan(plan: Plan) -> str:
     off, on = md["offline"], md["online"]
     rows += [
         ("offline disk", f"{fmt_gb(off['hidden_states_bytes'])} of hidden states (kept)"),
-        ("offline GPUs", off["gpus"]),
+        ("offline compute", off["gpus"]),
         ("online disk", f"0 kept; {fmt_gb(on['staging_bytes'])} in flight (the batch in "
          "training + the prefetched ones, every rank)"),
-        ("online GPUs", on["gpus"]),
+        ("online compute", on["gpus"]),
     ]
     if "one_node" in on:
         one = on["one_node"]

@@ -60,6 +60,7 @@ def check_packages(cfg: Config, versions: dict[str, str | None]) -> Check:
 def vllm_needed(cfg: Config) -> bool:
     """Whether any stage of this run starts vLLM."""
     return bool(cfg.validate.vllm or cfg.extract.backend == "vllm"
+                or cfg.extract.mode == "online"  # the train stage serves the target
                 or (cfg.data.regenerate and cfg.data.regenerate_backend == "server"
                     and cfg.data.server.start))
 
