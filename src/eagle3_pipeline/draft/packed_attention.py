@@ -55,44 +55,54 @@ def pieces_for(attention_mask: Any, n: int, kv: int) -> list[tuple[int, int]] | 
             or m.shape[1] != 1 or kv % n or tuple(m.shape[-2:]) != (n, kv)
             or n < 2 * MIN_PIECE):
         return None
-    mask = m[0, 0].view(n, kv // n, n).transpose(1, 2)  # [query, key position, block]
-    pieces = _pieces(mask[:, :, 0], MIN_PIECE)
+    blocks = kv // n
+    pieces = _pieces(m[0, 0, :, :n], MIN_PIECE)
     if len(pieces) == 1:
         return None
-    inside = sum(int(mask[s:e, s:e].sum()) for s, e in pieces)
-    if inside != int(m.sum()):  # something attends across a cut: not our layout
+    sizes = torch.tensor([e - s for s, e in pieces], device=m.device)
+    piece = torch.repeat_interleave(torch.arange(len(pieces), device=m.device), sizes)
+    across = piece.view(n, 1, 1) != piece.view(1, 1, n)  # [query, block, key position]
+    outside = m[0, 0].view(n, blocks, n) & across
+    if int(outside.view(torch.uint8).max()):  # not our layout (max: 30x faster than any)
         return None
     return pieces
 
 
 def sdpa_packed_forward(module: Any, query: Any, key: Any, value: Any, attention_mask: Any,
-                        *args: Any, **kwargs: Any) -> tuple[Any, None]:
-    """Same signature and result as transformers' ``sdpa_attention_forward``."""
+                        dropout: float = 0.0, scaling: float | None = None,
+                        **kwargs: Any) -> tuple[Any, None]:
+    """Same signature and result as transformers' ``sdpa_attention_forward``, whose calls
+    it makes per piece: the grouped keys repeated (as it does with a mask), then
+    ``torch.nn.functional.scaled_dot_product_attention`` with the piece's mask."""
     import torch
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
     n, kv = query.shape[2], key.shape[2]
-    pieces = pieces_for(attention_mask, n, kv)
+    pieces = None
+    if kwargs.get("position_bias") is None and kwargs.get("cache") is None:
+        pieces = pieces_for(attention_mask, n, kv)
     if pieces is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, *args, **kwargs)
+        return sdpa_attention_forward(module, query, key, value, attention_mask,
+                                      dropout=dropout, scaling=scaling, **kwargs)
+    groups = getattr(module, "num_key_value_groups", 1)
+    key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     blocks = kv // n
-    mask = attention_mask[0, 0].view(n, blocks, n).transpose(1, 2)
+    mask = attention_mask[0, 0].view(n, blocks, n).transpose(1, 2)  # [query, key pos, block]
     # keys ordered (position, block), so a piece's keys are one slice; split() keeps the
     # backward to one concatenation (a slice per piece would allocate a full-size gradient)
     sizes = [e - s for s, e in pieces]
-    b, hk, _, d = key.shape
-    ks = key.view(b, hk, blocks, n, d).transpose(2, 3).split(sizes, dim=2)
-    vs = value.view(b, hk, blocks, n, d).transpose(2, 3).split(sizes, dim=2)
+    b, h, _, d = key.shape
+    ks = key.view(b, h, blocks, n, d).transpose(2, 3).split(sizes, dim=2)
+    vs = value.view(b, h, blocks, n, d).transpose(2, 3).split(sizes, dim=2)
     qs = query.split(sizes, dim=2)
     outs = []
     for (s, e), q, k, v in zip(pieces, qs, ks, vs, strict=True):
         size = e - s
         sub = mask[s:e, s:e].reshape(1, 1, size, size * blocks)
-        out, _ = sdpa_attention_forward(
-            module, q, k.reshape(b, hk, size * blocks, d), v.reshape(b, hk, size * blocks, d),
-            sub, *args, **kwargs)
-        outs.append(out)
-    return torch.cat(outs, dim=1), None
+        outs.append(torch.nn.functional.scaled_dot_product_attention(
+            q, k.reshape(b, h, size * blocks, d), v.reshape(b, h, size * blocks, d),
+            attn_mask=sub, dropout_p=dropout, scale=scaling))
+    return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None
 
 
 def register() -> None:

@@ -186,8 +186,9 @@ class DraftTrainer:
         gen = torch.Generator(device="cpu").manual_seed(
             (self.cfg.seed * 1_000_003 + step * 7919 + self.d.rank) % (2**63)
         )
-        noise = (torch.rand(hs.shape, generator=gen, dtype=torch.float32) - 0.5)
-        batch["hidden_states"] = hs + (noise * self.t.hidden_noise).to(hs.dtype)
+        noise = torch.rand(hs.shape, generator=gen, dtype=torch.float32)
+        noise.sub_(0.5).mul_(self.t.hidden_noise)  # in place: the same values, no copies
+        batch["hidden_states"] = hs + noise.to(hs.dtype)
 
     def train_step(self, batch: dict[str, Any], step: int) -> dict[str, Any]:
         """One optimizer step; this rank's metric sums and the learning rate it used."""
