@@ -24,7 +24,9 @@ import sys
 import time
 
 POLL_S = 0.5
-GRACE_S = 10.0  # between SIGTERM and SIGKILL once the parent is gone
+# between SIGTERM and SIGKILL once the parent is gone: longer than torchrun's own 30 s for
+# its workers (which it starts in sessions of their own, out of this group's reach)
+GRACE_S = 40.0
 
 
 def _orphaned(parent: int) -> bool:
@@ -53,6 +55,8 @@ def main(argv: list[str]) -> int:
         return 2
     sep = argv.index("--")
     parent, opts, cmd = int(argv[0]), argv[1:sep], argv[sep + 1:]
+    if os.getpgid(0) != os.getpid():  # run by hand: lead a group of our own, never the caller's
+        os.setsid()
     remove = [opts[i + 1] for i in range(0, len(opts) - 1, 2) if opts[i] == "--remove"]
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)

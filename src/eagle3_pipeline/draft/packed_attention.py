@@ -62,7 +62,7 @@ def pieces_for(attention_mask: Any, n: int, kv: int) -> list[tuple[int, int]] | 
     sizes = torch.tensor([e - s for s, e in pieces], device=m.device)
     piece = torch.repeat_interleave(torch.arange(len(pieces), device=m.device), sizes)
     across = piece.view(n, 1, 1) != piece.view(1, 1, n)  # [query, block, key position]
-    outside = m[0, 0].view(n, blocks, n) & across
+    outside = m[0, 0].reshape(n, blocks, n) & across
     if int(outside.view(torch.uint8).max()):  # not our layout (max: 30x faster than any)
         return None
     return pieces
@@ -87,7 +87,7 @@ def sdpa_packed_forward(module: Any, query: Any, key: Any, value: Any, attention
     groups = getattr(module, "num_key_value_groups", 1)
     key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     blocks = kv // n
-    mask = attention_mask[0, 0].view(n, blocks, n).transpose(1, 2)  # [query, key pos, block]
+    mask = attention_mask[0, 0].reshape(n, blocks, n).transpose(1, 2)  # [query, key pos, block]
     # keys ordered (position, block), so a piece's keys are one slice; split() keeps the
     # backward to one concatenation (a slice per piece would allocate a full-size gradient)
     sizes = [e - s for s, e in pieces]

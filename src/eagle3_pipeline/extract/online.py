@@ -74,11 +74,15 @@ def record_online(cfg: Config) -> dict[str, Any]:
     tok_sha = tokenizer_sha256(model_dir)
     check_prepared_tokenizer(prepared_rows_dir(cfg), tok_sha)
     rows = load_rows(prepared_rows_dir(cfg), spec.vocab_size)
+    # the train stage picks the connector's directory when it starts the server
+    engine = build_engine(cfg, spec, model_dir, "extract", staging=STAGING_PLACEHOLDER)
     longest = max(rows.lengths)
-    if longest + 1 > cfg.hardware.serving.max_model_len:
+    if longest + 1 > engine.max_model_len:  # the profile's, capped at the model's window
         raise ConfigError(
-            f"{rows.path}: a row of {longest} tokens does not fit "
-            f"hardware.serving.max_model_len={cfg.hardware.serving.max_model_len} (+1 generated)"
+            f"{rows.path}: a row of {longest} tokens does not fit vLLM's max_model_len "
+            f"{engine.max_model_len} (hardware.serving.max_model_len="
+            f"{cfg.hardware.serving.max_model_len}, the model's window "
+            f"{spec.max_position_embeddings}) with the 1 token it generates"
         )
     out = output_dir(cfg)
     _prepare_output(out)
@@ -89,8 +93,6 @@ def record_online(cfg: Config) -> dict[str, Any]:
     if old:
         log.info("%s: removed %d offline hidden-state files (online mode stores none; "
                  "DVC's cache keeps them)", out, len(old))
-    # the train stage picks the connector's directory when it starts the server
-    engine = build_engine(cfg, spec, model_dir, "extract", staging=STAGING_PLACEHOLDER)
     key = manifest_key(spec, model_dir, cfg.extract.dtype, "vllm", tok_sha)
     write_manifest(out, key, rows, {
         "mode": "online",

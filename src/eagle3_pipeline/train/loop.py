@@ -188,14 +188,15 @@ class DraftTrainer:
         )
         noise = torch.rand(hs.shape, generator=gen, dtype=torch.float32)
         noise.sub_(0.5).mul_(self.t.hidden_noise)  # in place: the same values, no copies
-        batch["hidden_states"] = hs + noise.to(hs.dtype)
+        # added where the batch already is (on CUDA the pinned batch went over as is)
+        batch["hidden_states"] = hs + noise.to(hs.device, hs.dtype, non_blocking=True)
 
     def train_step(self, batch: dict[str, Any], step: int) -> dict[str, Any]:
         """One optimizer step; this rank's metric sums and the learning rate it used."""
         import torch
 
-        self.add_noise(batch, step)
         gb = self._to_device(batch)
+        self.add_noise(gb, step)
         with self._autocast():
             _tokens, loss, metrics = self.ddp_model(**gb, **self.call_kwargs())
         self.optimizer.zero_grad(set_to_none=True)
@@ -222,12 +223,14 @@ class DraftTrainer:
         sums: dict[str, float] = {}
         batches = self.epoch_batches(self.val_ds, 0)
         with torch.no_grad():
-            for batch in prefetch(self.loader(self.val_ds, batches), self.prefetch,
-                                  pin_memory=self.device.type == "cuda"):
-                gb = self._to_device(batch)
-                with self._autocast():
-                    _tokens, _loss, metrics = self.model(**gb, **self.call_kwargs())
-                accumulate(sums, metrics)
+            ahead = prefetch(self.loader(self.val_ds, batches), self.prefetch,
+                             pin_memory=self.device.type == "cuda")
+            with contextlib.closing(ahead):  # stops the thread if a forward fails
+                for batch in ahead:
+                    gb = self._to_device(batch)
+                    with self._autocast():
+                        _tokens, _loss, metrics = self.model(**gb, **self.call_kwargs())
+                    accumulate(sums, metrics)
         self.model.train()
         sums = all_reduce_sums(sums, self.d, self.device)
         return summarize(sums, self.k)
@@ -305,6 +308,7 @@ class DraftTrainer:
         # a resumed epoch's first batches were trained by the killed run, on this rank
         # (the fingerprint guarantees the same plan)
         seen = [i for b in batches[:start] for i in b]
+        self._window_t0 = time.perf_counter()
         batches_ahead = prefetch(self.loader(self.train_ds, todo), self.prefetch,
                                  pin_memory=self.device.type == "cuda")
         try:
@@ -317,6 +321,7 @@ class DraftTrainer:
                 if not (self._done() or end_of_epoch) and self.global_step % every == 0:
                     self.flush_steps(bar, run)
                     save_state(self, epoch, step_in_epoch)
+                    self._window_t0 = time.perf_counter()  # a checkpoint is not training
                 self._inject_fault(run)
                 if self._done():
                     break
@@ -327,8 +332,6 @@ class DraftTrainer:
         return step_in_epoch
 
     def _step(self, bar: Any, epoch: int, batch: dict[str, Any], run: _RunCounters) -> None:
-        if not self._pending:
-            self._window_t0 = time.perf_counter()
         out = self.train_step(batch, self.global_step)
         self.global_step += 1
         run.steps += 1
@@ -346,6 +349,8 @@ class DraftTrainer:
         if not self._pending:
             return
         pending, self._pending = self._pending, []
+        # the window: from the previous read-back (or the epoch's start) to this one,
+        # waits for batches included, so tokens/s is what training delivers
         keys = pending[0][2]["keys"]
         table = torch.stack([out["values"] for _, _, out in pending])
         if self.d.world > 1:
@@ -367,6 +372,7 @@ class DraftTrainer:
         bar.update(len(pending))
         bar.set_postfix(loss=f"{row['loss']:.3f}",
                         acc0=f"{row['accuracy_per_position'][0]:.2f}", refresh=False)
+        self._window_t0 = time.perf_counter()
 
     def _inject_fault(self, run: _RunCounters) -> None:
         if self.fail_after is not None and run.steps >= self.fail_after:

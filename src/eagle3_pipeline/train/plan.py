@@ -92,9 +92,14 @@ def fingerprint(cfg: Config, spec: TargetSpec, shape: DraftShape, n_rows: int,
     # a former test-only key, never part of the trajectory: dropped while configs carry it,
     # so states keep their fingerprint once it is gone
     t.pop("fail_after_steps", None)
+    # how batches are fetched and figures read back never changes the trajectory
+    t.pop("prefetch_batches", None)
+    t.pop("log_every_steps", None)
     blob = json.dumps(
         {"train": t, "seed": cfg.seed, "target": spec.to_dict(), "shape": shape.to_dict(),
-         "rows": n_rows, "runtime": asdict(runtime), "hidden_states": mode},
+         "rows": n_rows, "runtime": asdict(runtime),
+         # online states are rounded apart from the offline files: not resumed across modes
+         **({"hidden_states": mode} if mode != "offline" else {})},
         sort_keys=True, default=str,
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

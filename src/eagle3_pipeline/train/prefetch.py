@@ -2,8 +2,9 @@
 
 A step waits on its batch: offline, reading ``hs_{i}`` files and collating them; online,
 a round trip to the vLLM extraction server for each row. One background thread runs the
-loader ``depth`` batches ahead into a bounded queue, so at most ``depth`` batches are held
-besides the one training (the bound online mode promises). On CUDA the batch is also
+loader ``depth`` batches ahead into a bounded queue, so at most ``depth`` batches wait,
+besides the one training and the one the thread is filling (the bound online mode
+promises). On CUDA the batch is also
 pinned there, so the step's ``non_blocking`` copies really are asynchronous.
 
 Order is the loader's: the same batches reach the step in the same order as without it,
@@ -13,11 +14,13 @@ the batch it concerns; leaving early (an error or a finished run) stops the thre
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+log = logging.getLogger(__name__)
 _END = object()
 
 
@@ -75,3 +78,5 @@ def prefetch(items: Iterable[Any], depth: int, pin_memory: bool = False) -> Iter
     finally:
         stop.set()
         thread.join(timeout=60)
+        if thread.is_alive():  # a request still in flight: say so rather than hang
+            log.warning("prefetch thread still busy 60 s after the loop stopped")
