@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_pipeline.core.config import load_config
+from eagle3_pipeline.core.config import ConfigError, load_config
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = ["data.regenerate=false", "data.max_seq_len=128", "data.heldout_size=4",
@@ -87,6 +87,13 @@ def test_online_extract_writes_only_the_manifest(tiny_target: Path, tmp_path: Pa
         extract.run(cfg)  # offline (hf) first: files to be replaced
         hs = work / "data/hidden_states"
         assert len(list(hs.glob("hs_*.safetensors"))) > 0
+        before = sorted(p.name for p in hs.iterdir())
+        # a row vLLM could not take is refused before anything is touched
+        short = load_config([*DATA, "train.samples=12", "extract.mode=online",
+                             "hardware.serving.max_model_len=16"])
+        with pytest.raises(ConfigError, match="does not fit vLLM's max_model_len 16"):
+            extract.run(short)
+        assert sorted(p.name for p in hs.iterdir()) == before
         cfg = load_config([*DATA, "train.samples=12", "extract.mode=online"])
         extract.run(cfg)
         assert sorted(p.name for p in hs.iterdir()) == ["manifest.json"]

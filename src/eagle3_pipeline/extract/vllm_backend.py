@@ -128,10 +128,14 @@ def extract_vllm(cfg: Config) -> dict[str, Any]:
     spec, rows, out = ex.spec, ex.rows, ex.out
     n_layers = len(spec.aux_layer_ids) + 1
     longest = max(rows.lengths)
-    if longest + 1 > cfg.hardware.serving.max_model_len:
+    # what the engine gets: the profile's length, capped at the model's window
+    window = min(cfg.hardware.serving.max_model_len,
+                 spec.max_position_embeddings or cfg.hardware.serving.max_model_len)
+    if longest + 1 > window:
         raise StageError(
-            f"{rows.path}: a row of {longest} tokens does not fit "
-            f"hardware.serving.max_model_len={cfg.hardware.serving.max_model_len} (+1 generated)"
+            f"{rows.path}: a row of {longest} tokens does not fit vLLM's max_model_len "
+            f"{window} (hardware.serving.max_model_len={cfg.hardware.serving.max_model_len}, "
+            f"the model's window {spec.max_position_embeddings}) with the 1 token it generates"
         )
     mine = _rank_rows(len(rows), cfg.extract.rank, cfg.extract.world_size)
     todo = [i for i in mine if i not in ex.reusable]
