@@ -6,6 +6,9 @@ DVC shows) and metrics/details/train.json (every figure). On CPU it trains in th
 worker per GPU of the hardware profile and, once they have exited, records NVML's view of
 the GPUs (memory back to preflight's reading, no process left holding a GPU). With
 ``train.nproc=N`` (N > 1) on CPU it starts the same torchrun launch, N gloo workers.
+When the extract stage recorded ``extract.mode=online``, this stage first starts the target
+in vLLM (its extraction engine) and every worker reads each batch's hidden states from it;
+the server stops with the stage.
 """
 
 from __future__ import annotations
