@@ -72,7 +72,7 @@ def _check_config(cfg: Config) -> None:
         raise ConfigError("extract.batch_tokens, plan_rows and writer_queue must be >= 1")
 
 
-def _prepare_output(out: Path) -> bool:
+def prepare_output(out: Path) -> bool:
     """Create the output directory and prove it is writable; True when created here."""
     created = not out.exists()
     try:
@@ -85,8 +85,10 @@ def _prepare_output(out: Path) -> bool:
     return created
 
 
-def begin(cfg: Config, backend: str) -> Extraction:
-    """Every check that can fail before a model is loaded or a file is written."""
+def checked_target(cfg: Config) -> tuple[TargetSpec, Path, str]:
+    """The extract settings, target.json's layers, the model directory and the prepared
+    rows' tokenizer (both modes check these before anything else); the target's spec, its
+    directory and its tokenizer's hash."""
     _check_config(cfg)
     spec = load_target_spec(target_json_path(cfg))
     _check_layers(spec, cfg)
@@ -95,10 +97,16 @@ def begin(cfg: Config, backend: str) -> Extraction:
         raise StageError(f"target.json: path={spec.path}: model directory not found")
     tok_sha = tokenizer_sha256(model_dir)
     check_prepared_tokenizer(prepared_rows_dir(cfg), tok_sha)
+    return spec, model_dir, tok_sha
+
+
+def begin(cfg: Config, backend: str) -> Extraction:
+    """Every check that can fail before a model is loaded or a file is written."""
+    spec, model_dir, tok_sha = checked_target(cfg)
     out = output_dir(cfg)
     old_count = manifest_count(out)
     rows = load_rows(prepared_rows_dir(cfg), spec.vocab_size, prefix_at=[old_count] if old_count else [])
-    created = _prepare_output(out)
+    created = prepare_output(out)
     remove_stale_temps(out)
     key = manifest_key(spec, model_dir, cfg.extract.dtype, backend, tok_sha)
     try:

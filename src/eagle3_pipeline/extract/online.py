@@ -16,18 +16,11 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.core.config import Config, ConfigError
-from eagle3_pipeline.extract.extraction import (
-    _check_config,
-    _check_layers,
-    _prepare_output,
-    peak_rss_bytes,
-)
-from eagle3_pipeline.extract.fingerprint import check_prepared_tokenizer, tokenizer_sha256
-from eagle3_pipeline.extract.layout import MANIFEST, output_dir, prepared_rows_dir, target_json_path
+from eagle3_pipeline.extract.extraction import checked_target, peak_rss_bytes, prepare_output
+from eagle3_pipeline.extract.layout import MANIFEST, output_dir, prepared_rows_dir
 from eagle3_pipeline.extract.manifest import (
     existing_files,
     manifest_key,
@@ -37,7 +30,6 @@ from eagle3_pipeline.extract.manifest import (
 from eagle3_pipeline.extract.rows import load_rows
 from eagle3_pipeline.extract.vllm_backend import vllm_layer_ids
 from eagle3_pipeline.serving.engine import STAGING_PLACEHOLDER, build_engine, log_file
-from eagle3_pipeline.targets.adapter import load_target_spec
 
 log = logging.getLogger(__name__)
 
@@ -60,19 +52,12 @@ def online_section(cfg: Config, engine: dict[str, Any]) -> dict[str, Any]:
 def record_online(cfg: Config) -> dict[str, Any]:
     """The checks of an offline extraction, then the manifest for online training."""
     t0 = time.perf_counter()
-    _check_config(cfg)
     if cfg.extract.world_size != 1:
         raise ConfigError(
             f"extract.world_size={cfg.extract.world_size}: online mode has no extraction to "
             "split (the train stage's server serves every rank); set extract.world_size=1"
         )
-    spec = load_target_spec(target_json_path(cfg))
-    _check_layers(spec, cfg)
-    model_dir = Path(spec.path or "")
-    if not model_dir.is_dir():
-        raise ConfigError(f"target.json: path={spec.path}: model directory not found")
-    tok_sha = tokenizer_sha256(model_dir)
-    check_prepared_tokenizer(prepared_rows_dir(cfg), tok_sha)
+    spec, model_dir, tok_sha = checked_target(cfg)
     rows = load_rows(prepared_rows_dir(cfg), spec.vocab_size)
     # the train stage picks the connector's directory when it starts the server
     engine = build_engine(cfg, spec, model_dir, "extract", staging=STAGING_PLACEHOLDER)
@@ -85,7 +70,7 @@ def record_online(cfg: Config) -> dict[str, Any]:
             f"{spec.max_position_embeddings}) with the 1 token it generates"
         )
     out = output_dir(cfg)
-    _prepare_output(out)
+    prepare_output(out)
     remove_stale_temps(out)
     old = existing_files(out)
     for f in old.values():
