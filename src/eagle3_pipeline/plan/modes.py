@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import shlex
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.core.config import Config
@@ -110,7 +111,8 @@ def two_nodes(cfg: Config, target: TargetInfo, ref: str, nproc: int,
     random $KEY for the run). ``shared_util``: vLLM's memory share when vLLM and the
     trainers fit on the same GPUs, else None (then vLLM gets node 0, the trainers node 1)."""
     port = cfg.extract.server.port
-    worker = "-m eagle3_pipeline.train.worker --params params.yaml --out metrics.json"
+    out = Path(cfg.paths.train_state) / "rank0_metrics.json"  # as the plan's [commands]
+    worker = f"-m eagle3_pipeline.train.worker --params params.yaml --out {out}"
     torchrun = [f"torchrun --nnodes 2 --node_rank {r} --nproc_per_node {nproc} "
                 f"--master_addr $NODE0 --master_port 29500 {worker}" for r in range(2)]
     model = _q(target.spec.name)
