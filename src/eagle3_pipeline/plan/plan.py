@@ -64,7 +64,7 @@ def _target_ref(cfg: Config) -> str:
     """What vLLM is pointed at: the local path when set, else the hub id (the engine adds
     the revision and remote-code flags)."""
     m = cfg.model
-    if m.tiny is not None:
+    if m.built_here:
         return str(Path(cfg.paths.target) / "model")
     return m.path or m.hub_id or ""
 

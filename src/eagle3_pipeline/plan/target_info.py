@@ -71,7 +71,7 @@ def find_in_hf_cache(hub_id: str, revision: str | None, cache: Path) -> Path | N
 def load_target(model: ModelConfig, hf_cache: Path | None = None) -> TargetInfo:
     """Describe the configured target without building or downloading anything.
 
-    Order: the tiny target's shape; ``model.path``; the local HF cache of ``model.hub_id``.
+    Order: the tiny target's shape; a GGUF file's metadata; ``model.path``; the local HF cache of ``model.hub_id``.
     Otherwise fail with the one thing to do (pass ``model.path=DIR``).
     """
     if model.tiny is not None:
@@ -80,6 +80,17 @@ def load_target(model: ModelConfig, hf_cache: Path | None = None) -> TargetInfo:
             raise ConfigError(f"model.tiny.architecture={model.tiny.architecture!r} cannot be built")
         config = builder.config(model.tiny)
         return TargetInfo(describe_config(config, model), config, "tiny target shape (model.tiny)")
+    if model.gguf is not None:
+        gguf = Path(model.gguf.path)
+        if not gguf.is_file():
+            raise ConfigError(f"model.gguf.path={model.gguf.path}: file not found (run "
+                              f"`eagle3-fetch {model.name}`, or put the file there)")
+        from eagle3_pipeline.compat.transformers_gguf import config_from_metadata
+
+        config = config_from_metadata(gguf)
+        # the metadata names no class: the family's (what config.json says once converted)
+        config.setdefault("architectures", list(family_for_config(config).architectures[:1]))
+        return TargetInfo(describe_config(config, model), config, f"GGUF metadata of {gguf}")
     if model.path:
         model_dir = Path(model.path)
         source = f"model.path={model.path}"

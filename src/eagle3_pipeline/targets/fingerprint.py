@@ -84,16 +84,27 @@ def fingerprint_dir(model_dir: Path, mode: str = "stat",
                     cache_file: Path | None = None) -> dict[str, Any]:
     """Every file of ``model_dir`` (relative path -> what identifies its content)."""
     cache = HashCache(cache_file if mode == "content" else None)
-    files: dict[str, Any] = {}
-    for path in _files(model_dir):
-        st = path.stat()
-        rel = path.relative_to(model_dir).as_posix()
-        large = path.name.endswith(WEIGHT_SUFFIXES) or st.st_size > SMALL_FILE_BYTES
-        if not large:
-            files[rel] = {"sha256": sha256_file(path)}
-        elif mode == "content":
-            files[rel] = {"size": st.st_size, "sha256": cache.sha256(path, st)}
-        else:
-            files[rel] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    files = {p.relative_to(model_dir).as_posix(): _entry(p, str(mode), cache)
+             for p in _files(model_dir)}
     cache.save()
     return {"dir": str(model_dir.resolve()), "mode": str(mode), "files": files}
+
+
+def fingerprint_file(path: Path, mode: str = "stat",
+                     cache_file: Path | None = None) -> dict[str, Any]:
+    """One file (a GGUF target), in the same form as :func:`fingerprint_dir`."""
+    cache = HashCache(cache_file if mode == "content" else None)
+    entry = _entry(path, str(mode), cache)
+    cache.save()
+    return {"dir": str(path.parent.resolve()), "mode": str(mode), "files": {path.name: entry}}
+
+
+def _entry(path: Path, mode: str, cache: HashCache) -> dict[str, Any]:
+    """What identifies one file: small ones by content, weights by stat or content."""
+    st = path.stat()
+    large = path.name.endswith(WEIGHT_SUFFIXES) or st.st_size > SMALL_FILE_BYTES
+    if not large:
+        return {"sha256": sha256_file(path)}
+    if mode == "content":
+        return {"size": st.st_size, "sha256": cache.sha256(path, st)}
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}

@@ -2,7 +2,9 @@
 
 A real target is only *read* (config, weight index, tokenizer files): it is never loaded
 or copied, so resolving a 1T-parameter checkpoint takes milliseconds. The embedded tiny
-target is built (see :mod:`eagle3_pipeline.targets.tiny`).
+target is built (see :mod:`eagle3_pipeline.targets.tiny`), and a GGUF file is converted
+into a plain checkpoint (:mod:`eagle3_pipeline.targets.gguf`); both land in
+``paths.target``/model, a DVC output.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from eagle3_pipeline.targets.adapter import TargetSpec, describe_target
 log = logging.getLogger(__name__)
 
 TARGET_JSON = "target.json"
-TINY_MODEL_SUBDIR = "model"
+MODEL_SUBDIR = "model"
 
 # Files a real target needs for everything before training, none of them weights.
 METADATA_PATTERNS = [
@@ -82,16 +84,32 @@ def check_target(spec: TargetSpec, model_dir: Path) -> None:
         )
 
 
+def _build(cfg: Config, model_dir: Path, progress: bool) -> dict[str, Any]:
+    """Write the checkpoint the target stage owns: build the tiny target, or convert the
+    GGUF file."""
+    if cfg.model.gguf is not None:
+        from eagle3_pipeline.targets.gguf import convert_gguf
+
+        model_dir.mkdir(parents=True)
+        return convert_gguf(cfg.model.gguf, cfg.model.name, str(cfg.model.dtype), model_dir)
+    from eagle3_pipeline.targets.tiny import build_tiny_target
+
+    assert cfg.model.tiny is not None
+    return build_tiny_target(cfg.model.tiny, cfg.target, model_dir, cfg.seed, progress)
+
+
 def resolve_target(cfg: Config, progress: bool = True) -> tuple[TargetSpec, dict[str, Any]]:
     """Build or locate the target, write ``target.json``; return it with stage metrics."""
     out = target_dir(cfg)
-    if cfg.model.tiny is not None:
-        from eagle3_pipeline.targets.tiny import build_tiny_target
+    if cfg.model.built_here:
+        if cfg.model.gguf is not None:
+            from eagle3_pipeline.targets.gguf import inspect_gguf
 
+            inspect_gguf(cfg.model.gguf, cfg.model.name)  # refused before anything is written
         with atomic_dir(out) as tmp:
-            model_dir = tmp / TINY_MODEL_SUBDIR
-            metrics = build_tiny_target(cfg.model.tiny, cfg.target, model_dir, cfg.seed, progress)
-            final_model_dir = out / TINY_MODEL_SUBDIR
+            model_dir = tmp / MODEL_SUBDIR
+            metrics = _build(cfg, model_dir, progress)
+            final_model_dir = out / MODEL_SUBDIR
             spec = describe_target(model_dir, cfg.model)
             spec.path = str(final_model_dir)
             check_target(spec, model_dir)
