@@ -81,15 +81,16 @@ def make_setup(workdir: Path) -> Setup:
     return Setup(spec, Target.load(spec), prompts, train, stop_token_ids(spec.path))
 
 
-def new_draft(s: Setup, seed: int = 0) -> Any:
+def new_draft(s: Setup, seed: int = 0, **options: bool) -> Any:
     from eagle3_pipeline.core.config import DraftShapeConfig
     from eagle3_pipeline.draft.shape import build_draft, build_vocab_mapping, resolve_draft_shape
 
     torch.manual_seed(seed)
     freq = Counter(t for seq in s.train_seqs for t in seq)
     d2t, t2d = build_vocab_mapping(dict(freq), 1024, s.spec.vocab_size, s.stops)
-    shape = resolve_draft_shape(DraftShapeConfig(), s.spec)
-    return build_draft(s.spec, shape, K, 1024, d2t, t2d, s.spec.path, "sdpa")
+    draft_cfg = DraftShapeConfig(**options)
+    shape = resolve_draft_shape(draft_cfg, s.spec)
+    return build_draft(s.spec, shape, K, 1024, d2t, t2d, s.spec.path, "sdpa", options=draft_cfg)
 
 
 @pytest.fixture(scope="module")
@@ -207,6 +208,35 @@ def test_inference_chain_equals_speculators_ttt_forward(setup: Setup, trained: A
         out = trained(hidden_states=hidden, input_ids=ids,
                       document_ids=torch.zeros_like(ids), ttt_steps=K)
     assert [int(out[j][0, n - 2]) for j in range(K)] == t2d_ids
+
+
+@pytest.mark.parametrize("options", [
+    {"norm_before_fc": True, "norm_output": True},  # speculators' EAGLE-3.1 defaults
+    {"fc_norm": True},
+])
+def test_inference_chain_follows_the_eagle31_options(setup: Setup, options: dict) -> None:
+    """With the EAGLE-3.1 norms (weights moved off their init of ones, so a skipped norm
+    shows) our chained proposal is still speculators' own TTT forward."""
+    draft = new_draft(setup, seed=1, **options)
+    with torch.no_grad():
+        for name, p in draft.named_parameters():
+            if "input_norm" in name or "fc_norm" in name or name == "norm.weight":
+                p.mul_(torch.rand_like(p) + 0.5)
+    assert (draft.input_norm is not None) == options.get("norm_before_fc", False)
+    assert draft.config.norm_output == options.get("norm_output", False)
+    seq = setup.prompts[1].prompt_ids
+    _, aux = setup.target.forward(seq)
+    tokens = seq[:-1]
+    n = len(tokens)
+    proposed = SpeculatorsDraft(draft).propose(tokens, aux[: n - 1], K)
+    d2t = draft.d2t.long()
+    draft_ids = [int(((torch.arange(len(d2t)) + d2t) == t).nonzero()[0, 0]) for t in proposed]
+    ids = torch.tensor([tokens[1:] + proposed[:-1]])
+    hidden = torch.cat([aux[: n - 1], torch.zeros(K - 1, aux.shape[1])])[None]
+    with torch.no_grad():
+        out = draft(hidden_states=hidden, input_ids=ids, document_ids=torch.zeros_like(ids),
+                    ttt_steps=K)
+    assert [int(out[j][0, n - 2]) for j in range(K)] == draft_ids
 
 
 def test_stops_at_end_of_turn(setup: Setup) -> None:

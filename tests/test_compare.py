@@ -86,7 +86,8 @@ def test_the_figures_are_dvcs_own(project: Path):
     assert changed_params(rows) == ["train.samples", "train.lr"]
     by_name = {r.name: r for r in rows}
     assert by_name["more-samples"].figures == {
-        "acceptance length": 2.0, "vLLM speedup": 1.5, "val loss": pytest.approx(4.001)}
+        "acceptance length": 2.0, "vLLM speedup": 1.5, "val loss": pytest.approx(4.001),
+        "best K": None, "best-K speedup": None}  # run without validate.k_sweep
 
 
 def test_nothing_validated_is_one_line(tmp_path, capsys):

@@ -164,6 +164,12 @@ def test_internals_used_by_the_strict_dataset_and_the_cpu_trainer() -> None:
     assert "torch.accelerator.synchronize()" in timer_src
     for name in ("mark", "now"):
         assert hasattr(trainer_mod._StepTimer, name)
+    # compat.stock_cli_main: the CLI builds its Trainer from the trainer module's names
+    from speculators.train import cli as cli_mod
+    from speculators.train.config import TrainConfig
+
+    assert cli_mod.Trainer is trainer_mod.Trainer and callable(TrainConfig.resolve)
+    assert inspect.signature(cli_mod.main).parameters.keys() == {"cfg"}
 
 
 def test_strict_dataset_raises_where_speculators_returns_sample_unavailable(

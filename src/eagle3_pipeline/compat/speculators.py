@@ -221,26 +221,7 @@ def speculators_trainer(
     import torch
     from speculators.train import trainer as trainer_mod
 
-    if not torch.accelerator.is_available() and not getattr(
-        trainer_mod._StepTimer, "_eagle3_cpu_patch", False
-    ):
-
-        class _CpuStepTimer(trainer_mod._StepTimer):
-            _eagle3_cpu_patch = True
-
-            def mark(self, name: str) -> None:
-                if self.enabled:
-                    import time
-
-                    self._marks[name] = time.perf_counter()
-
-            def now(self) -> float | None:
-                import time
-
-                return time.perf_counter() if self.enabled else None
-
-        trainer_mod._StepTimer = _CpuStepTimer  # type: ignore[misc]
-
+    _patch_cpu_step_timer()
     original = trainer_mod.get_local_rank
     trainer_mod.get_local_rank = lambda: device  # type: ignore[assignment]
     try:
@@ -250,3 +231,50 @@ def speculators_trainer(
     trainer.local_rank = device
     trainer.device_type = torch.device(device).type
     return trainer
+
+
+def _patch_cpu_step_timer() -> None:
+    """speculators' step timer calls ``torch.accelerator.synchronize()``, which raises
+    without an accelerator: on such a host it is replaced by one that only reads the clock."""
+    import torch
+    from speculators.train import trainer as trainer_mod
+
+    if torch.accelerator.is_available() or getattr(trainer_mod._StepTimer, "_eagle3_cpu_patch",
+                                                   False):
+        return
+
+    class _CpuStepTimer(trainer_mod._StepTimer):
+        _eagle3_cpu_patch = True
+
+        def mark(self, name: str) -> None:
+            if self.enabled:
+                import time
+
+                self._marks[name] = time.perf_counter()
+
+        def now(self) -> float | None:
+            import time
+
+            return time.perf_counter() if self.enabled else None
+
+    trainer_mod._StepTimer = _CpuStepTimer  # type: ignore[misc]
+
+
+def stock_cli_main(argv: list[str]) -> None:
+    """speculators' own training CLI (``python -m speculators.train ARGS``), unchanged but
+    for what a host without an accelerator needs (bench/recipe.py runs the stock recipe
+    through it): the trainer's local rank is ``"cpu"`` instead of device 0, and the step
+    timer does not synchronize. Flags a CPU forces are the caller's (sdpa attention, the
+    eager loss, few loader workers)."""
+    import sys
+
+    import torch
+    from speculators.train import trainer as trainer_mod
+    from speculators.train.cli import main
+    from speculators.train.config import TrainConfig
+
+    if not torch.accelerator.is_available():
+        _patch_cpu_step_timer()
+        trainer_mod.get_local_rank = lambda: "cpu"  # type: ignore[assignment]
+    sys.argv = ["speculators.train", *argv]
+    main(TrainConfig.resolve())

@@ -23,7 +23,8 @@ def supported_architectures() -> list[str]:
     """GGUF ``general.architecture`` values transformers can de-quantise."""
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
-    return list(GGUF_SUPPORTED_ARCHITECTURES)
+    # the list is the keys of its metadata mapping, which also holds two non-architectures
+    return [a for a in GGUF_SUPPORTED_ARCHITECTURES if a not in ("general", "tokenizer")]
 
 
 def config_from_metadata(path: Path) -> dict[str, Any]:

@@ -93,6 +93,11 @@ class DraftLayerType(Choice):
     qwen3 = "qwen3"
 
 
+class OptimizerName(Choice):
+    adamw = "adamw"
+    muon = "muon"  # speculators' split: Muon on 2-D matrices, AdamW on the rest
+
+
 class Scheduler(Choice):
     cosine = "cosine"
     linear = "linear"

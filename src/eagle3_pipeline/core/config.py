@@ -36,6 +36,7 @@ from eagle3_pipeline.core.choices import (
     LossImplementation,
     OnError,
     OnMismatch,
+    OptimizerName,
     Parallel,
     Reasoning,
     RegenerateBackend,
@@ -337,6 +338,14 @@ class DraftShapeConfig:
     intermediate_size: int | None = None
     # vLLM defaults it to True, speculators to False: trained with and written explicitly.
     norm_before_residual: bool = True
+    # The EAGLE-3.1 options (speculators' own recipe turns on the first and the last), read
+    # and applied by vLLM's llama_eagle3 from the speculators config:
+    # an RMSNorm over the concatenated aux states before ``fc`` (tensor ``input_norm``);
+    norm_before_fc: bool = False
+    # one RMSNorm per aux state before ``fc`` (tensors ``fc_norm.<i>``);
+    fc_norm: bool = False
+    # the chained steps are fed the normed decoder output instead of the raw one.
+    norm_output: bool = False
 
 
 @dataclass
@@ -348,6 +357,10 @@ class TrainConfig:
     speculative_tokens: int = 3  # TTT steps the draft is unrolled over (>= 1)
     draft_vocab_size: int = 1024
     draft: DraftShapeConfig = field(default_factory=DraftShapeConfig)
+    # adamw: AdamW over every trainable parameter. muon: speculators' split -- torch's Muon
+    # over the 2-D weight matrices (muon_lr), AdamW (lr) over norms, biases, embeddings.
+    optimizer: OptimizerName = OptimizerName.adamw
+    muon_lr: float | None = None  # null: train.lr (speculators' default)
     scheduler: Scheduler = Scheduler.cosine
     warmup_ratio: float = 0.05
     weight_decay: float = 0.01
@@ -390,6 +403,9 @@ class ValidateConfig:
     max_new_tokens: int = 64  # per held-out prompt, the same for every draft compared
     num_prompts: int | None = None  # null: every held-out prompt
     k: int | None = None  # draft tokens per step; null: the checkpoint's speculative_tokens
+    # vLLM only: serve the same draft at each of these K (>= 1, <= train.speculative_tokens)
+    # and report acceptance, single-stream tokens/s and speedup per K, and the best K.
+    k_sweep: list[int] | None = None
     device: Device | None = None  # null: hardware.device
     dtype: Dtype | None = None  # null: float32 on cpu, model.dtype on cuda
     # In float32 a divergence from plain greedy decoding is a bug: fail the stage.
@@ -505,6 +521,16 @@ def validate(cfg: Config) -> Config:
         value = attrgetter(key)(cfg)
         if value < minimum:
             raise ConfigError(f"{key}={value} must be >= {minimum}")
+    bad_k = [k for k in cfg.validate.k_sweep or []
+             if not 1 <= k <= cfg.train.speculative_tokens]
+    if bad_k:
+        raise ConfigError(f"validate.k_sweep={cfg.validate.k_sweep}: {bad_k} outside 1.."
+                          f"{cfg.train.speculative_tokens} (train.speculative_tokens: the draft "
+                          "is trained for that many steps)")
+    d = cfg.train.draft
+    if d.norm_before_fc and d.fc_norm:
+        raise ConfigError("train.draft.norm_before_fc and train.draft.fc_norm are exclusive "
+                          "(one RMSNorm over the concatenated aux states, or one per state)")
     if cfg.data.source in ("file", "hf") and not cfg.data.path:
         raise ConfigError(f"data.path is required when data.source={cfg.data.source}")
     return cfg

@@ -293,11 +293,14 @@ def build_draft(
     verifier_dir: str | Path,
     attn_implementation: str,
     norm_before_residual: bool = True,
+    options: DraftShapeConfig | None = None,
 ) -> Any:
     """A fresh ``Eagle3DraftModel`` with the target's frozen embeddings / lm_head / norm.
 
     The verifier is read from the local ``verifier_dir``; the config then carries
     ``spec.verifier_id`` (hub id, else the absolute local path) for publication.
+    ``options`` carries the EAGLE-3.1 switches (``norm_before_fc``, ``fc_norm``,
+    ``norm_output``; all off when None), written to the config vLLM reads them from.
     """
     from speculators.config import SpeculatorsConfig, VerifierConfig
     from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
@@ -311,7 +314,9 @@ def build_draft(
         ),
         draft_vocab_size=draft_vocab_size,
         norm_before_residual=norm_before_residual,
-        norm_before_fc=False,  # vLLM has no tensor for speculators' input_norm
+        norm_before_fc=bool(options and options.norm_before_fc),
+        fc_norm=bool(options and options.fc_norm),
+        norm_output=bool(options and options.norm_output),
         eagle_aux_hidden_state_layer_ids=list(spec.aux_layer_ids),
         target_hidden_size=spec.hidden_size,
         speculators_config=SpeculatorsConfig(

@@ -24,6 +24,8 @@ FIGURES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("acceptance length", "validate/metrics.json", ("acceptance_length",)),
     ("vLLM speedup", "validate/metrics.json", ("vllm_speedup",)),
     ("val loss", "train/metrics.json", ("val", "loss")),
+    ("best K", "validate/metrics.json", ("vllm_best_k",)),  # with validate.k_sweep
+    ("best-K speedup", "validate/metrics.json", ("vllm_best_k_speedup",)),
 )
 DEFAULT_LIVE = "dvclive"
 IGNORED_PARAMS = ("paths.",)  # derived from other params: never what a user varied
@@ -132,8 +134,10 @@ def main(argv: list[str] | None = None) -> int:
               "dvc exp run -S train.samples=...)", file=sys.stderr)  # fmt: skip
         return 1
     params = changed_params(rows)
-    print(render_table(rows, params, [c for c, _, _ in FIGURES]))
-    render_png(rows, params, [c for c, _, _ in FIGURES], args.out)
+    # a figure no experiment has (best K without validate.k_sweep) is not a column
+    columns = [c for c, _, _ in FIGURES if any(r.figures.get(c) is not None for r in rows)]
+    print(render_table(rows, params, columns))
+    render_png(rows, params, columns, args.out)
     print(f"wrote {args.out}")
     return 0
 

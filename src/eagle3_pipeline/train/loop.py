@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from eagle3_pipeline.core.config import Config, ConfigError, TrainConfig
+from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.core.faults import PREFIX, fault_after
 from eagle3_pipeline.draft.shape import build_draft, build_vocab_mapping, load_token_freq
 from eagle3_pipeline.train.batches import epoch_batches, load_split, make_loader
@@ -40,6 +40,7 @@ from eagle3_pipeline.train.errors import SimulatedFailure
 from eagle3_pipeline.train.inputs import target_model_dir
 from eagle3_pipeline.train.live import History, LiveCurves
 from eagle3_pipeline.train.metrics import accumulate, summarize
+from eagle3_pipeline.train.optim import build_optimizer
 from eagle3_pipeline.train.plan import TrainPlan
 from eagle3_pipeline.train.prefetch import prefetch
 from eagle3_pipeline.train.runtime import cuda_attention, cuda_loss
@@ -59,25 +60,6 @@ class _RunCounters:
     steps: int = 0
     tokens: float = 0.0
     train_s: float = 0.0
-
-
-def build_optimizer(model: Any, t: TrainConfig, total_steps: int) -> tuple[Any, Any]:
-    """AdamW over the trainable parameters and the ``train.scheduler`` schedule."""
-    import torch
-    from transformers import get_cosine_schedule_with_warmup, get_linear_schedule_with_warmup
-
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
-    warmup = int(total_steps * t.warmup_ratio)
-    if t.scheduler == "cosine":
-        scheduler = get_cosine_schedule_with_warmup(optimizer, warmup, total_steps)
-    elif t.scheduler == "linear":
-        scheduler = get_linear_schedule_with_warmup(optimizer, warmup, total_steps)
-    elif t.scheduler == "none":
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _s: 1.0)
-    else:
-        raise ConfigError(f"train.scheduler={t.scheduler!r} is not cosine, linear or none")
-    return optimizer, scheduler
 
 
 class DraftTrainer:
@@ -138,6 +120,7 @@ class DraftTrainer:
         model = build_draft(
             p.spec, p.shape, self.k, self.t.draft_vocab_size, d2t, t2d, target_model_dir(p.spec),
             self.attn, norm_before_residual=self.t.draft.norm_before_residual,
+            options=self.t.draft,
         )
         return model.to(self.device)
 

@@ -60,7 +60,7 @@ def _optimizer_state(model: Any, optimizer: Any, parallel: str) -> dict[str, Any
         get_optimizer_state_dict,
     )
 
-    return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(
+    return get_optimizer_state_dict(model, optimizer.optimizers, options=StateDictOptions(
         full_state_dict=True, cpu_offload=True))
 
 
@@ -131,7 +131,7 @@ def _restore_weights(tr: DraftTrainer, state: dict[str, Any]) -> None:
 
         opts = StateDictOptions(full_state_dict=True, strict=False)
         set_model_state_dict(tr.model, state["model"], options=opts)
-        set_optimizer_state_dict(tr.model, tr.optimizer, state["optimizer"],
+        set_optimizer_state_dict(tr.model, tr.optimizer.optimizers, state["optimizer"],
                                  options=StateDictOptions(full_state_dict=True))
     else:
         tr.model.load_state_dict(state["model"], strict=False)

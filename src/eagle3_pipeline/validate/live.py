@@ -16,7 +16,9 @@ from eagle3_pipeline.core.metrics import open_live
 # The figures a user decides on (vllm_speedup needs validate.vllm=true; vLLM's own
 # acceptance length and losslessness must agree with ours -- the stage fails otherwise --
 # and stay in the details with K and the per-position rates).
-HEADLINE_KEYS = ("acceptance_length", "vllm_speedup", "lossless")
+# With validate.k_sweep also the K with the best single-stream speedup and that speedup.
+HEADLINE_KEYS = ("acceptance_length", "vllm_speedup", "lossless", "vllm_best_k",
+                 "vllm_best_k_speedup")
 
 
 def write_live(directory: Path, metrics: dict[str, Any], png: bytes) -> dict[str, Any]:

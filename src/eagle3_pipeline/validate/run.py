@@ -117,7 +117,7 @@ def measure_vllm(cfg: Config, spec: Any, draft_dir: Path, prompts_path: Path, k:
     from eagle3_pipeline.serving.env import VllmEnvError, find_python
     from eagle3_pipeline.serving.offline import VllmRunError, run_offline
     from eagle3_pipeline.validate.acceptance import load_prompts
-    from eagle3_pipeline.validate.vllm import VllmError, compare, run_served
+    from eagle3_pipeline.validate.vllm import VllmError, compare, k_sweep_figures, run_served
 
     v = cfg.validate
     prompts = load_prompts(prompts_path, spec.vocab_size)
@@ -134,19 +134,30 @@ def measure_vllm(cfg: Config, spec: Any, draft_dir: Path, prompts_path: Path, k:
     runs: dict[str, dict[str, Any]] = {}
     try:
         python = find_python(cfg.vllm.python)
-        for name, engine in engines.items():
+
+        def run(name: str, engine: Any) -> dict[str, Any]:
             log_path = log_file(cfg, f"validate_{name}")
             if v.vllm_mode == "offline":
-                runs[name] = run_offline(python, engine, ids, v.max_new_tokens, stops, log_path,
-                                         timeout_s=cfg.vllm.startup_timeout_s + 3600)
+                res = run_offline(python, engine, ids, v.max_new_tokens, stops, log_path,
+                                  timeout_s=cfg.vllm.startup_timeout_s + 3600)
             else:
-                runs[name] = run_served(python, engine, v.server.port, ids, v.max_new_tokens,
-                                        stops, log_path, cfg.vllm.startup_timeout_s,
-                                        cfg.vllm.shutdown_timeout_s, v.server.concurrency)
+                res = run_served(python, engine, v.server.port, ids, v.max_new_tokens,
+                                 stops, log_path, cfg.vllm.startup_timeout_s,
+                                 cfg.vllm.shutdown_timeout_s, v.server.concurrency)
             log.info("vLLM %s: %d tokens at %.1f tokens/s (engine ready in %.0f s)", name,
-                     runs[name]["generated_tokens"], runs[name]["tokens_per_s"] or 0.0,
-                     runs[name].get("load_s") or 0.0)
+                     res["generated_tokens"], res["tokens_per_s"] or 0.0,
+                     res.get("load_s") or 0.0)
+            return res
+
+        for name, engine in engines.items():
+            runs[name] = run(name, engine)
         out = compare(ours, runs["with_draft"], runs["without_draft"], k)
+        if v.k_sweep:  # the same draft at each K; the same run without it as the baseline
+            sweep = {k: runs["with_draft"]}
+            for kk in sorted(set(v.k_sweep) - {k}):
+                sweep[kk] = run(f"k{kk}", build_engine(cfg, spec, model, "validate",
+                                                        dtype=dtype, draft_dir=draft_dir, k=kk))
+            out.update(k_sweep_figures(sweep, runs["without_draft"]))
     except (VllmEnvError, VllmRunError, VllmError, OSError) as exc:
         raise StageError(f"vLLM validation failed: {exc}") from None
     out["mode"] = v.vllm_mode
@@ -239,6 +250,9 @@ def validate_draft(cfg: Config, device: str, dtype: str) -> tuple[dict[str, Any]
         metrics["vllm_tokens_per_s_with_draft"] = vllm["tokens_per_s_with_draft"]
         metrics["vllm_tokens_per_s_without_draft"] = vllm["tokens_per_s_without_draft"]
         metrics["vllm_speedup"] = vllm["speedup"]
+        if "best_k" in vllm:
+            metrics["vllm_best_k"] = vllm["best_k"]
+            metrics["vllm_best_k_speedup"] = vllm["best_k_speedup"]
         metrics["vllm"] = vllm
     context = {
         "draft_dir": str(p["draft"]),

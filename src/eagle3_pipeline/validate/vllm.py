@@ -164,3 +164,26 @@ def compare(ours: dict[str, Any], draft_run: dict[str, Any], plain_run: dict[str
         "engine_load_s": {"with_draft": draft_run.get("load_s"),
                           "without_draft": plain_run.get("load_s")},
     }
+
+
+def k_sweep_figures(runs: dict[int, dict[str, Any]], plain_run: dict[str, Any]
+                    ) -> dict[str, Any]:
+    """Per K: vLLM's acceptance length, single-stream tokens/s and speedup over the same
+    run without the draft, and the K with the best speedup (``validate.k_sweep``)."""
+    base = plain_run.get("tokens_per_s")
+    rows = []
+    for k, run in sorted(runs.items()):
+        fig = acceptance_figures(run["counters"])
+        tps = run.get("tokens_per_s")
+        rows.append({
+            "k": k,
+            "acceptance_length": fig["mean_acceptance_length"],
+            "per_position_rate": fig["per_position_rate"],
+            "tokens_per_s": tps,
+            "speedup": tps / base if tps and base else None,
+            "lossless": run["outputs"] == plain_run["outputs"],
+        })
+    best = max((r for r in rows if r["speedup"] is not None), key=lambda r: r["speedup"],
+               default=None)
+    return {"k_sweep": rows, "best_k": best["k"] if best else None,
+            "best_k_speedup": best["speedup"] if best else None}

@@ -1,0 +1,227 @@
+"""Benchmark: the pipeline's draft recipe against speculators' stock recipe, in vLLM.
+
+On one finished working directory (after ``dvc repro`` or ``dvc exp run``: its target,
+prepared rows, hidden states, held-out prompts and trained draft), with the same draft
+vocabulary (the draft's own ``d2t``), epochs, TTT steps and seed:
+
+- ``stock (its defaults)``: speculators' own CLI, ``python -m speculators.train``, with its
+  0.9 defaults (Muon, lr 1e-3, linear schedule, KL loss, ``norm_before_fc`` and
+  ``norm_output``, 8192 tokens per step), changing only what a CPU forces:
+  ``--draft-attn-impl sdpa`` (flex attention has no CPU backward),
+  ``--loss-implementation eager`` (the fused loss is Triton), ``--num-workers 1`` (2
+  cores), the trainer on ``cpu`` (compat/speculators.py ``stock_cli_main``). On a GPU
+  host only the data flags are passed.
+- ``stock (our tokens per step)``: the same with ``--total-seq-len`` = ``train.tokens_per_step``,
+  so it takes as many optimizer steps as the pipeline;
+- ``pipeline``: the working directory's own ``data/draft``;
+- any ``--variant NAME key=value,...``: the pipeline's train stage rerun with those keys
+  changed (same data), written under the output directory.
+
+Every draft is served by vLLM (offline ``vllm.LLM`` with the draft, K =
+``train.speculative_tokens``, float32, the validate stage's held-out prompts and
+``validate.max_new_tokens``); the figures are vLLM's own spec-decode counters. Printed:
+acceptance length, per-position rates, optimizer steps, train wall time, and the ratio of
+each acceptance length to the stronger stock run's.
+
+    python bench/recipe.py [--workdir .] [--out bench_out/recipe] [--skip-stock-defaults]
+                           [--variant muon train.optimizer=muon ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+def _stock_flags(cfg: Any, spec: Any, work: Path, vocab_dir: Path, out: Path) -> list[str]:
+    import torch
+
+    t = cfg.train
+    flags = [
+        "--verifier-name-or-path", str((work / spec.path).resolve()),
+        "--data-path", str((work / cfg.paths.prepared).resolve()),
+        "--hidden-states-path", str((work / cfg.paths.hidden_states).resolve()),
+        "--target-layer-ids", *map(str, spec.aux_layer_ids),
+        "--draft-vocab-size", str(t.draft_vocab_size),
+        "--d2t-path", str(vocab_dir / "d2t.npy"), "--t2d-path", str(vocab_dir / "t2d.npy"),
+        "--epochs", str(t.epochs), "--ttt-steps", str(t.speculative_tokens),
+        "--seed", str(cfg.seed), "--train-data-ratio", str(1 - t.val_fraction),
+        "--on-missing", "raise", "--no-resume-from-checkpoint", "--save-path", str(out),
+    ]
+    if not torch.cuda.is_available():
+        flags += ["--draft-attn-impl", "sdpa", "--loss-implementation", "eager",
+                  "--num-workers", "1"]
+    return flags
+
+
+def _vocab_files(draft_dir: Path, target_vocab: int, out: Path) -> None:
+    """The pipeline draft's own vocabulary (``d2t`` offsets) as the CLI's npy files."""
+    import numpy as np
+    from safetensors.torch import load_file
+
+    d2t = load_file(str(draft_dir / "model.safetensors"))["d2t"].long().numpy()
+    t2d = np.zeros(target_vocab, dtype=bool)
+    t2d[np.arange(len(d2t)) + d2t] = True
+    out.mkdir(parents=True, exist_ok=True)
+    np.save(out / "d2t.npy", d2t)
+    np.save(out / "t2d.npy", t2d)
+
+
+def _final_checkpoint(save_path: Path) -> Path:
+    epochs = sorted((p for p in save_path.iterdir() if p.is_dir() and p.name.isdigit()
+                     and (p / "config.json").is_file()), key=lambda p: int(p.name))
+    if not epochs:
+        raise SystemExit(f"error: recipe: {save_path} holds no epoch checkpoint")
+    return epochs[-1]
+
+
+def _steps_from_log(text: str) -> int | None:
+    import re
+
+    found = re.findall(r"global_step[\"']?\s*[:=]\s*(\d+)", text)
+    return int(found[-1]) if found else None
+
+
+def train_stock(cfg: Any, spec: Any, work: Path, out: Path, extra: list[str]) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "eagle3_pipeline.compat.speculators_cli",
+           *_stock_flags(cfg, spec, work, out.parent / "vocab", out / "ckpt"), *extra]
+    print("+", " ".join(cmd), flush=True)
+    t0 = time.perf_counter()
+    with open(out / "train.log", "w") as log:
+        proc = subprocess.run(cmd, cwd=work, stdout=log, stderr=subprocess.STDOUT)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"error: recipe: the stock run failed ({proc.returncode}); see "
+                         f"{out / 'train.log'}")
+    return {"draft": _final_checkpoint(out / "ckpt"), "train_s": wall,
+            "steps": _steps_from_log((out / "train.log").read_text(errors="replace"))}
+
+
+def train_variant(work: Path, out: Path, sets: list[str]) -> dict[str, Any]:
+    """The pipeline's train stage on the same data with ``sets`` changed, into ``out``."""
+    params = yaml.safe_load((work / "params.yaml").read_text())
+    sets = [*sets, f"paths.draft={out / 'draft'}", f"paths.train_state={out / 'state'}",
+            f"paths.live={out / 'live'}", f"paths.details={out / 'details'}"]
+    for item in sets:
+        key, value = item.split("=", 1)
+        node = params
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node[p]
+        node[leaf] = yaml.safe_load(value)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    cmd = [sys.executable, "-m", "eagle3_pipeline.stages.train", "--params",
+           str(out / "params.yaml")]
+    print("+", " ".join(cmd), flush=True)
+    t0 = time.perf_counter()
+    with open(out / "train.log", "w") as log:
+        proc = subprocess.run(cmd, cwd=work, stdout=log, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        raise SystemExit(f"error: recipe: variant failed; see {out / 'train.log'}")
+    details = json.loads((out / "details" / "train.json").read_text())
+    return {"draft": out / "draft", "train_s": time.perf_counter() - t0,
+            "steps": details.get("steps")}
+
+
+def serve(cfg: Any, spec: Any, work: Path, draft: Path, name: str) -> dict[str, Any]:
+    """vLLM's counters for ``draft`` on the held-out prompts (offline engine, float32)."""
+    import os
+
+    from eagle3_pipeline.serving.engine import build_engine, log_file
+    from eagle3_pipeline.serving.env import find_python
+    from eagle3_pipeline.serving.offline import run_offline
+    from eagle3_pipeline.validate.acceptance import load_prompts
+    from eagle3_pipeline.validate.run import stop_token_ids
+    from eagle3_pipeline.validate.vllm import acceptance_figures
+
+    old = os.getcwd()
+    os.chdir(work)
+    try:
+        prompts = load_prompts(Path(cfg.paths.heldout) / "prompts.jsonl", spec.vocab_size)
+        if cfg.validate.num_prompts is not None:
+            prompts = prompts[: cfg.validate.num_prompts]
+        k = cfg.train.speculative_tokens
+        engine = build_engine(cfg, spec, spec.path, "validate", dtype="float32",
+                              draft_dir=draft.resolve(), k=k)
+        run = run_offline(find_python(cfg.vllm.python), engine, [p.prompt_ids for p in prompts],
+                          cfg.validate.max_new_tokens, stop_token_ids(spec.path),
+                          log_file(cfg, f"recipe_{name}"),
+                          timeout_s=cfg.vllm.startup_timeout_s + 3600)
+    finally:
+        os.chdir(old)
+    fig = acceptance_figures(run["counters"])
+    return {"acceptance_length": fig["mean_acceptance_length"],
+            "per_position_rate": fig["per_position_rate"], "tokens_per_s": run["tokens_per_s"]}
+
+
+def _fmt(v: Any, nd: int = 3) -> str:
+    return "-" if v is None else f"{v:.{nd}f}" if isinstance(v, float) else str(v)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workdir", type=Path, default=Path("."))
+    ap.add_argument("--out", type=Path, default=Path("bench_out/recipe"))
+    ap.add_argument("--skip-stock-defaults", action="store_true",
+                    help="skip the stock run at its own 8192 tokens per step")
+    ap.add_argument("--variant", nargs="+", action="append", default=[],
+                    metavar=("NAME", "KEY=VALUE"),
+                    help="also train the pipeline's recipe with these keys changed")
+    args = ap.parse_args()
+
+    from eagle3_pipeline.core.config import load_params
+    from eagle3_pipeline.targets.adapter import load_target_spec
+
+    work = args.workdir.resolve()
+    out = args.out if args.out.is_absolute() else work / args.out
+    cfg = load_params(work / "params.yaml")
+    spec = load_target_spec(work / cfg.paths.target / "target.json")
+    _vocab_files(work / cfg.paths.draft, spec.vocab_size, out / "vocab")
+    pipeline_train = json.loads((work / cfg.paths.details / "train.json").read_text())
+
+    runs: dict[str, dict[str, Any]] = {}
+    if not args.skip_stock_defaults:
+        runs["stock (its defaults)"] = train_stock(cfg, spec, work, out / "stock_defaults", [])
+    runs["stock (our tokens/step)"] = train_stock(
+        cfg, spec, work, out / "stock_our_tokens",
+        ["--total-seq-len", str(cfg.train.tokens_per_step)])
+    runs["pipeline"] = {"draft": work / cfg.paths.draft, "steps": pipeline_train.get("steps"),
+                        "train_s": pipeline_train.get("wall_s")}
+    for name, *sets in args.variant:
+        runs[f"pipeline {name}"] = train_variant(work, out / f"variant_{name}", sets)
+    for name, run in runs.items():
+        print(f"serving {name} ({run['draft']}) in vLLM", flush=True)
+        run.update(serve(cfg, spec, work, Path(run["draft"]), name.split()[0]))
+
+    base = runs["stock (our tokens/step)"]["acceptance_length"]
+    if "stock (its defaults)" in runs:
+        base = max(base or 0, runs["stock (its defaults)"]["acceptance_length"] or 0)
+    print(f"\nK={cfg.train.speculative_tokens}, {cfg.train.epochs} epochs, draft vocab "
+          f"{cfg.train.draft_vocab_size}, seed {cfg.seed}; vLLM's counters on "
+          f"{cfg.validate.num_prompts or 'all'} held-out prompts x "
+          f"{cfg.validate.max_new_tokens} tokens")
+    print(f"{'draft':28} {'steps':>6} {'vLLM acc. len':>13} {'ratio':>6}  per position"
+          f"{'':14} train s")
+    for name, r in runs.items():
+        ratio = r["acceptance_length"] / base if base and r["acceptance_length"] else None
+        per = " / ".join(f"{x:.3f}" for x in r["per_position_rate"])
+        print(f"{name:28} {_fmt(r['steps']):>6} {_fmt(r['acceptance_length']):>13} "
+              f"{_fmt(ratio):>6}  {per:26} {_fmt(r['train_s'], 0)}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "recipe.json").write_text(json.dumps(
+        {n: {**r, "draft": str(r["draft"])} for n, r in runs.items()}, indent=2))
+    print(f"wrote {out / 'recipe.json'}")
+
+
+if __name__ == "__main__":
+    main()
