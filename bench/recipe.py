@@ -43,7 +43,7 @@ import yaml
 def _stock_flags(cfg: Any, spec: Any, work: Path, vocab_dir: Path, out: Path) -> list[str]:
     import torch
 
-    t = cfg.train
+    t = cfg.train  # (epochs: the run's, or --epochs)
     flags = [
         "--verifier-name-or-path", str((work / spec.path).resolve()),
         "--data-path", str((work / cfg.paths.prepared).resolve()),
@@ -174,6 +174,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("bench_out/recipe"))
     ap.add_argument("--skip-stock-defaults", action="store_true",
                     help="skip the stock run at its own 8192 tokens per step")
+    ap.add_argument("--epochs", type=int, default=None,
+                    help="train every draft for this many epochs (a quick check of the bench; "
+                    "the pipeline's draft is then retrained too)")
     ap.add_argument("--variant", nargs="+", action="append", default=[],
                     metavar=("NAME", "KEY=VALUE"),
                     help="also train the pipeline's recipe with these keys changed")
@@ -185,23 +188,37 @@ def main() -> None:
     work = args.workdir.resolve()
     out = args.out if args.out.is_absolute() else work / args.out
     cfg = load_params(work / "params.yaml")
+    if args.epochs is not None:
+        cfg.train.epochs = args.epochs
     spec = load_target_spec(work / cfg.paths.target / "target.json")
     _vocab_files(work / cfg.paths.draft, spec.vocab_size, out / "vocab")
     pipeline_train = json.loads((work / cfg.paths.details / "train.json").read_text())
 
     runs: dict[str, dict[str, Any]] = {}
-    if not args.skip_stock_defaults:
-        runs["stock (its defaults)"] = train_stock(cfg, spec, work, out / "stock_defaults", [])
-    runs["stock (our tokens/step)"] = train_stock(
-        cfg, spec, work, out / "stock_our_tokens",
-        ["--total-seq-len", str(cfg.train.tokens_per_step)])
-    runs["pipeline"] = {"draft": work / cfg.paths.draft, "steps": pipeline_train.get("steps"),
-                        "train_s": pipeline_train.get("wall_s")}
-    for name, *sets in args.variant:
-        runs[f"pipeline {name}"] = train_variant(work, out / f"variant_{name}", sets)
-    for name, run in runs.items():
+    out.mkdir(parents=True, exist_ok=True)
+
+    def done(name: str, run: dict[str, Any]) -> None:
+        """Serve the draft just trained; keep every figure so far in recipe.json."""
         print(f"serving {name} ({run['draft']}) in vLLM", flush=True)
         run.update(serve(cfg, spec, work, Path(run["draft"]), name.split()[0]))
+        print(f"  {name}: acceptance length {_fmt(run['acceptance_length'])}", flush=True)
+        runs[name] = run
+        (out / "recipe.json").write_text(json.dumps(
+            {n: {**r, "draft": str(r["draft"])} for n, r in runs.items()}, indent=2))
+
+    epochs = [f"train.epochs={args.epochs}"] if args.epochs is not None else []
+    if epochs:  # the pipeline's own draft was trained for other epochs: train it again
+        done("pipeline", train_variant(work, out / "pipeline", epochs))
+    else:
+        done("pipeline", {"draft": work / cfg.paths.draft, "steps": pipeline_train.get("steps"),
+                          "train_s": pipeline_train.get("wall_s")})
+    done("stock (our tokens/step)", train_stock(
+        cfg, spec, work, out / "stock_our_tokens",
+        ["--total-seq-len", str(cfg.train.tokens_per_step)]))
+    for name, *sets in args.variant:
+        done(f"pipeline {name}", train_variant(work, out / f"variant_{name}", [*epochs, *sets]))
+    if not args.skip_stock_defaults:
+        done("stock (its defaults)", train_stock(cfg, spec, work, out / "stock_defaults", []))
 
     base = runs["stock (our tokens/step)"]["acceptance_length"]
     if "stock (its defaults)" in runs:
@@ -217,9 +234,6 @@ def main() -> None:
         per = " / ".join(f"{x:.3f}" for x in r["per_position_rate"])
         print(f"{name:28} {_fmt(r['steps']):>6} {_fmt(r['acceptance_length']):>13} "
               f"{_fmt(ratio):>6}  {per:26} {_fmt(r['train_s'], 0)}")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "recipe.json").write_text(json.dumps(
-        {n: {**r, "draft": str(r["draft"])} for n, r in runs.items()}, indent=2))
     print(f"wrote {out / 'recipe.json'}")
 
 

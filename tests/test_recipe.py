@@ -129,3 +129,23 @@ def test_k_sweep_reports_each_k_against_the_same_baseline_and_the_best():
     assert out["k_sweep"][1]["per_position_rate"] == pytest.approx([0.75, 0.5])
     assert [r["lossless"] for r in out["k_sweep"]] == [True, True, False]
     assert out["best_k"] == 2 and out["best_k_speedup"] == pytest.approx(1.6)
+
+
+def test_an_option_the_installed_vllm_does_not_read_is_refused_at_preflight():
+    """vLLM drops a speculators option its config reader does not copy; preflight (before
+    training) names the option and the vLLM version. The probe's answer is injected here;
+    tests/test_vllm_compat.py asks the real vLLM."""
+    from eagle3_pipeline.preflight.software import check_vllm
+    from eagle3_pipeline.serving.env import VllmProbe
+
+    cfg = load_config(["train.draft.norm_before_fc=true", "train.draft.norm_output=true"],
+                      conf_dir=REPO / "conf")
+    old = VllmProbe(python="py", version="0.30.0+cpu", cpu_build=True,
+                    eagle3_options=["norm_before_fc"])
+    check = check_vllm(cfg, old)
+    assert not check.passed and len(check.problems) == 1
+    assert check.problems[0].startswith("train.draft.norm_output=true: vLLM 0.30.0+cpu")
+    new = VllmProbe(python="py", version="0.32.0+cpu", cpu_build=True,
+                    eagle3_options=["norm_before_fc", "fc_norm", "norm_output"])
+    assert check_vllm(cfg, new).passed
+    assert check_vllm(load_config([], conf_dir=REPO / "conf"), old).passed  # none asked

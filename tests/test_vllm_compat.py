@@ -115,3 +115,12 @@ def test_amx_mla_still_refuses_a_float32_target(validate_workdir: Path):
     chosen = run_in_vllm(code.format(model=str(model), extra=', attention_backend="CPU_MLA"'),
                          env=env)  # fmt: skip
     assert "STARTED" in chosen.stdout, (chosen.stdout + chosen.stderr)[-3000:]
+
+
+def test_vllm_reads_every_eagle31_option_the_schema_offers():
+    """The installed vLLM's own speculators-config reader carries norm_before_fc, fc_norm
+    and norm_output into the draft's config (preflight refuses an option it would drop);
+    fails when a vLLM upgrade stops reading one."""
+    from eagle3_pipeline.serving.env import _eagle3_options, find_python
+
+    assert _eagle3_options(find_python(), 300.0) == list(vllm_compat.EAGLE3_DRAFT_OPTIONS)

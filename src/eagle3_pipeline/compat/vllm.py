@@ -30,6 +30,21 @@ from __future__ import annotations
 
 from typing import Any
 
+# The EAGLE-3.1 switches of a speculators draft config (train.draft.*). vLLM applies one
+# only if its speculators-config reader copies it into the draft's config; an option it
+# does not copy is silently dropped at serve time (and with it, weights such as
+# input_norm.*). The probe below asks the installed vLLM which ones it copies.
+EAGLE3_DRAFT_OPTIONS = ("norm_before_fc", "fc_norm", "norm_output")
+EAGLE3_OPTIONS_PROBE = (
+    "import json\n"
+    "from vllm.transformers_utils.configs.speculators.algos import "
+    "SUPPORTED_SPECULATORS_TYPES as S\n"
+    f"opts = {list(EAGLE3_DRAFT_OPTIONS)!r}\n"
+    "out = {}\n"
+    "S['eagle3']({o: True for o in opts}, out)\n"
+    "print(json.dumps([o for o in opts if out.get(o) is True]))\n"
+)
+
 UPSTREAM_CONNECTOR = "ExampleHiddenStatesConnector"
 CPU_CONNECTOR = "CpuHiddenStatesConnector"
 CPU_CONNECTOR_MODULE = "eagle3_pipeline.serving.connector"

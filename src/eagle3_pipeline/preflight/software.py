@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from eagle3_pipeline.compat.vllm import EAGLE3_DRAFT_OPTIONS
 from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.core.versions import installed_versions
 from eagle3_pipeline.preflight.result import Check
@@ -90,4 +91,13 @@ def check_vllm(cfg: Config, result: Any) -> Check:
             f"vLLM environment {result.python}: {reading}, but hardware={cfg.hardware.name} "
             f"needs the {'CPU' if want_cpu else 'CUDA'} build "
             f"(`eagle3-vllm-env install --device {'cpu' if want_cpu else 'cuda'}`)"])
+    wanted = [o for o in EAGLE3_DRAFT_OPTIONS if getattr(cfg.train.draft, o)]
+    if wanted and cfg.validate.vllm:
+        read = result.eagle3_options
+        missing = [o for o in wanted if read is not None and o not in read]
+        if missing:
+            return Check("vllm", False, reading, [
+                f"train.draft.{missing[0]}=true: vLLM {result.version} does not read it from "
+                f"a speculators config (it reads {', '.join(read) or 'none'}), so the draft "
+                "would be served without it; set it false or install a vLLM that reads it"])
     return Check("vllm", True, reading)

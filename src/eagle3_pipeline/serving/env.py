@@ -80,6 +80,8 @@ class VllmProbe:
     cpu_build: bool | None = None
     cli_version: str | None = None
     import_s: float | None = None
+    # EAGLE-3.1 draft options its speculators-config reader carries (None: not asked)
+    eagle3_options: list[str] | None = None
     error: str | None = None
 
     @property
@@ -110,7 +112,8 @@ def probe(python: str | Path, timeout_s: float = 300.0, use_cache: bool = True) 
     if use_cache and cache.is_file():
         try:
             data = json.loads(cache.read_text(encoding="utf-8"))
-            if data.get("stamp") == stamp and data["probe"].get("error") is None:
+            if (data.get("stamp") == stamp and data["probe"].get("error") is None
+                    and "eagle3_options" in data["probe"]):  # older caches did not ask
                 return VllmProbe(**data["probe"])
         except (OSError, ValueError, KeyError, TypeError):
             pass
@@ -131,10 +134,24 @@ def probe(python: str | Path, timeout_s: float = 300.0, use_cache: bool = True) 
         return out
     out.cli_version = out.version = lines[-1]
     out.cpu_build = "cpu" in out.version
+    out.eagle3_options = _eagle3_options(python, timeout_s)
     if use_cache:
         with contextlib.suppress(OSError):
             cache.write_text(json.dumps({"stamp": stamp, "probe": asdict(out)}), encoding="utf-8")
     return out
+
+
+def _eagle3_options(python: Path, timeout_s: float) -> list[str] | None:
+    """Which EAGLE-3.1 options this vLLM reads from a speculators config (asked of its own
+    config reader); None when the reader cannot be run (reported as not known)."""
+    from eagle3_pipeline.compat.vllm import EAGLE3_OPTIONS_PROBE
+
+    try:
+        proc = subprocess.run([str(python), "-c", EAGLE3_OPTIONS_PROBE], capture_output=True,
+                              text=True, timeout=timeout_s, env=worker_env())
+        return [str(o) for o in json.loads(proc.stdout.strip().splitlines()[-1])]
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return None
 
 
 def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -59,7 +59,8 @@ def forward_batch(lm: LanguageModel, seqs: Sequence[Any], pad_id: int) -> tuple[
     ids = torch.full((len(seqs), longest), pad_id, dtype=torch.long)
     mask = torch.zeros((len(seqs), longest), dtype=torch.long)
     for b, s in enumerate(seqs):
-        ids[b, : len(s)] = torch.as_tensor(s)
+        # a row read from the prepared dataset is a read-only numpy view: copy, no warning
+        ids[b, : len(s)] = torch.as_tensor(s.copy() if hasattr(s, "copy") else s)
         mask[b, : len(s)] = 1
     out = lm.decoder(
         input_ids=ids.to(lm.device), attention_mask=mask.to(lm.device), use_cache=False
