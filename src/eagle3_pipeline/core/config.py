@@ -115,7 +115,7 @@ class GgufSourceConfig:
     version: str | None = None
     wheel_sha256: str | None = None
     member: str | None = None
-    # The model's licence, as its publisher states it (copied into the model card).
+    # The model's licence, as its publisher states it (recorded in gguf_source.json).
     license: str | None = None
 
 
@@ -491,7 +491,9 @@ def _check_model(m: ModelConfig) -> None:
     if not sources and not m.hub_id:
         raise ConfigError(
             "model: set model.tiny (build locally), model.gguf, model.path or model.hub_id")
-    if len(sources) > 1 or (m.hub_id and m.tiny is not None):
+    if m.hub_id and m.tiny is not None:
+        sources.append("model.hub_id")  # a built target has no hub id
+    if len(sources) > 1:
         raise ConfigError(f"model: {' and '.join(sources)} are both set: a target has one "
                           "source (set the others to null)")
     if m.gguf is not None:
