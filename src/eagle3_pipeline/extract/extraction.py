@@ -7,6 +7,7 @@ not a model load; a failure before any file was written leaves nothing behind.
 
 from __future__ import annotations
 
+import logging
 import os
 import resource
 import shutil
@@ -16,12 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.core.config import Config, ConfigError
+from eagle3_pipeline.core.dvc_cache import release_damaged
 from eagle3_pipeline.core.errors import StageError
 from eagle3_pipeline.extract.fingerprint import check_prepared_tokenizer, tokenizer_sha256
 from eagle3_pipeline.extract.layout import MANIFEST, output_dir, prepared_rows_dir, target_json_path
 from eagle3_pipeline.extract.manifest import (
     check_manifest,
     existing_files,
+    file_matches,
     manifest_count,
     manifest_key,
     remove_stale_temps,
@@ -29,6 +32,8 @@ from eagle3_pipeline.extract.manifest import (
 )
 from eagle3_pipeline.extract.rows import Rows, load_rows
 from eagle3_pipeline.targets.adapter import TargetSpec, load_target_spec
+
+log = logging.getLogger(__name__)
 
 _ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
 
@@ -117,7 +122,27 @@ def begin(cfg: Config, backend: str) -> Extraction:
         if created:
             shutil.rmtree(out, ignore_errors=True)
         raise
+    reusable = drop_damaged(reusable, rows, len(spec.aux_layer_ids) + 1, spec.hidden_size,
+                            cfg.extract.dtype)
     return Extraction(spec, model_dir, rows, out, key, reusable, created)
+
+
+def drop_damaged(files: dict[int, Path], rows: Rows, n_layers: int, hidden: int,
+                 dtype: str) -> dict[int, Path]:
+    """The files that are whole (header checked against size and shape); a damaged one is
+    removed -- with any DVC cache object it shares its bytes with -- and redone."""
+    kept: dict[int, Path] = {}
+    damaged: list[Path] = []
+    for i, p in files.items():
+        if i >= len(rows) or file_matches(p, rows.lengths[i], n_layers, hidden, dtype):
+            kept[i] = p
+        else:
+            damaged.append(p)
+            release_damaged(p)
+    if damaged:
+        log.warning("%d damaged hidden-state file(s) removed and redone: %s", len(damaged),
+                    ", ".join(p.name for p in damaged[:5]) + (" ..." if len(damaged) > 5 else ""))
+    return kept
 
 
 def bytes_needed(rows: Rows, todo: Sequence[int], n_layers: int, hidden: int, dtype: str) -> int:
