@@ -13,3 +13,8 @@ class ConfigError(ValueError):
 
 class StageError(RuntimeError):
     """An expected failure of a stage (bad input, failed check); its message is shown as is."""
+
+
+def rebuild_hint(stage: str) -> str:
+    """What a damaged artifact's message ends with: which stage rebuilds it, and how."""
+    return f"the {stage} stage rebuilds it: `dvc repro {stage}`"

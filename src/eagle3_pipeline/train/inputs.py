@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from eagle3_pipeline.core.errors import ConfigError, rebuild_hint
 from eagle3_pipeline.core.safetensors import read_header
 from eagle3_pipeline.targets.adapter import TargetSpec
 from eagle3_pipeline.train.errors import TrainingError
@@ -34,7 +35,12 @@ def count_rows(prepared: Path) -> int:
 
     if not prepared.is_dir():
         raise TrainingError(f"{prepared}: prepared dataset not found (run the prepare stage)")
-    ds = load_from_disk(str(prepared))
+    try:
+        ds = load_from_disk(str(prepared))
+    except Exception as exc:  # datasets raises many kinds for a damaged directory
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise TrainingError(f"{prepared}: the prepared dataset is unreadable "
+                            f"({type(exc).__name__}: {first}); {rebuild_hint('prepare')}") from None
     for col in ("input_ids", "loss_mask", "seq_len"):
         if col not in ds.column_names:
             raise TrainingError(f"{prepared}: column {col!r} missing (have {ds.column_names})")
@@ -47,7 +53,7 @@ def _read_manifest(path: Path) -> dict[str, Any]:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise TrainingError(f"{path}: not valid JSON ({exc})") from None
+        raise TrainingError(f"{path}: not valid JSON ({exc}); {rebuild_hint('extract')}") from None
 
 
 def _check_manifest(path: Path, manifest: dict[str, Any], spec: TargetSpec) -> None:
@@ -72,24 +78,29 @@ def _check_manifest(path: Path, manifest: dict[str, Any], spec: TargetSpec) -> N
 
 
 def _check_files(hs_dir: Path, spec: TargetSpec, n_rows: int) -> None:
-    """The first file's tensor shape, and one file per prepared row."""
-    first = hs_dir / "hs_0.safetensors"
-    if not first.is_file():
-        raise TrainingError(f"{first}: not found (hidden states for prepared row 0)")
-    info = read_header(first).get("hidden_states")
-    shape = list(info.shape) if info is not None else None
-    want = [len(spec.aux_layer_ids) + 1, spec.hidden_size]
-    if not shape or len(shape) != 3 or shape[1:] != want:
-        raise TrainingError(
-            f"{first}: hidden_states shape {shape}, expected [seq, {want[0]}, {want[1]}] "
-            f"({len(spec.aux_layer_ids)} aux layers + final state, hidden {spec.hidden_size})"
-        )
+    """One whole file per prepared row, each ``[seq, n_aux + 1, hidden]``: every header is
+    read (no tensor data), so a truncated or foreign file is named here, before the first
+    step, not in a loader traceback mid-epoch."""
     missing = [i for i in range(n_rows) if not (hs_dir / f"hs_{i}.safetensors").is_file()]
     if missing:
         raise TrainingError(
             f"{hs_dir}: no hidden states for {len(missing)} of {n_rows} prepared rows "
-            f"(first: hs_{missing[0]}.safetensors)"
+            f"(first: hs_{missing[0]}.safetensors); {rebuild_hint('extract')}"
         )
+    want = [len(spec.aux_layer_ids) + 1, spec.hidden_size]
+    for i in range(n_rows):
+        path = hs_dir / f"hs_{i}.safetensors"
+        try:
+            info = read_header(path).get("hidden_states")
+        except ConfigError as exc:
+            raise TrainingError(f"{exc}; {rebuild_hint('extract')}") from None
+        shape = list(info.shape) if info is not None else None
+        if not shape or len(shape) != 3 or shape[1:] != want:
+            raise TrainingError(
+                f"{path}: hidden_states shape {shape}, expected [seq, {want[0]}, {want[1]}] "
+                f"({len(spec.aux_layer_ids)} aux layers + final state, hidden "
+                f"{spec.hidden_size}); {rebuild_hint('extract')}"
+            )
 
 
 def check_hidden_states(hs_dir: Path, spec: TargetSpec, n_rows: int) -> dict[str, Any]:
