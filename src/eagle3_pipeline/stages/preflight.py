@@ -31,12 +31,15 @@ def run(cfg: Config) -> None:
             raise ConfigError(check.problems[0])
     n = len(result.problems)
     if cfg.preflight.strict:
-        raise StageError(f"{n} problem(s) found (preflight.strict=false turns them into warnings)")
+        more = f" (and {n - 1} more, listed above)" if n > 1 else ""
+        raise StageError(f"{result.problems[0]}{more}; preflight.strict=false turns problems "
+                         "into warnings")
     log.warning("preflight: %d problem(s) ignored because preflight.strict=false", n)
 
 
 def main(argv: list[str] | None = None) -> None:
-    run_stage("preflight", __doc__ or "", run, argv)
+    # a failed preflight's report is what the user reads: it is not replaced by the last pass's
+    run_stage("preflight", __doc__ or "", run, argv, restore_on_failure=False)
 
 
 if __name__ == "__main__":
