@@ -158,8 +158,8 @@ def test_killed_run_resumes_and_the_draft_learns(kimi_data: Path, run_in, monkey
     assert cfg["transformer_layer_config"]["num_aux_hidden_states"] == 3
     assert cfg["transformer_layer_config"]["model_type"] == "llama"
     assert cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3
-    assert cfg["speculators_config"]["verifier"]["name_or_path"] == str(
-        (work / "data/target/model").resolve())
+    # a local target is named relative to the draft: the bytes do not depend on the clone
+    assert cfg["speculators_config"]["verifier"]["name_or_path"] == "../target/model"
     # dvclive: the resumed run's curves hold every step, the killed run's 3 included
     live = work / "dvclive/train"
     loss = (live / "plots/metrics/train/loss.tsv").read_text().splitlines()

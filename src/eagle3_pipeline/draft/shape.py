@@ -298,7 +298,8 @@ def build_draft(
     """A fresh ``Eagle3DraftModel`` with the target's frozen embeddings / lm_head / norm.
 
     The verifier is read from the local ``verifier_dir``; the config then carries
-    ``spec.verifier_id`` (hub id, else the absolute local path) for publication.
+    ``spec.verifier_id`` (hub id, else the local path, which ``save_draft`` writes
+    relative to the draft directory) for publication.
     ``options`` carries the EAGLE-3.1 switches (``norm_before_fc``, ``fc_norm``,
     ``norm_output``; all off when None), written to the config vLLM reads them from.
     """

@@ -4,11 +4,22 @@ the validate stage load."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.core.io import atomic_dir, atomic_write_text
 from eagle3_pipeline.train.errors import TrainingError
+
+
+def portable_verifier(name: str | None, out_dir: Path) -> str | None:
+    """What the published config names as its verifier: a hub id as is; a local target
+    as a path relative to the draft directory (``../target/model``), so the same training
+    in another clone, or pulled onto another machine, gives the same bytes. The absolute
+    path is handed to speculators and vLLM at load time only."""
+    if not name or not Path(name).is_absolute():
+        return name
+    return os.path.relpath(name, out_dir.resolve())
 
 
 def save_draft(model: Any, out_dir: Path, speculative_tokens: int,
@@ -26,6 +37,8 @@ def save_draft(model: Any, out_dir: Path, speculative_tokens: int,
         config.setdefault("transformer_layer_config", {})["num_aux_hidden_states"] = len(
             model.config.eagle_aux_hidden_state_layer_ids
         )
+        verifier = config["speculators_config"]["verifier"]
+        verifier["name_or_path"] = portable_verifier(verifier.get("name_or_path"), out_dir)
         methods = config["speculators_config"]["proposal_methods"]
         if methods[0].get("speculative_tokens") != speculative_tokens:
             raise TrainingError("speculative_tokens was not written to the draft config")

@@ -133,6 +133,10 @@ def _verifier_dir(
     """The first local target directory: explicit, target.json's path, the config's name."""
     candidates = [explicit, spec.path if spec else None, report.facts.get("verifier_name_or_path")]
     for cand in candidates:
-        if cand and (Path(cand) / "config.json").is_file():
-            return Path(cand)
+        if not cand:
+            continue
+        # a published draft names a local target relative to itself (``../target/model``)
+        for path in (Path(cand), Path(report.draft_dir) / cand):
+            if (path / "config.json").is_file():
+                return path
     return None
