@@ -66,6 +66,19 @@ def regenerate_cache_dir(cfg: Config) -> Path:
     return Path(cfg.paths.cache) / "regenerate"
 
 
+def target_content(cfg: Config, model_dir: Path) -> dict[str, Any]:
+    """What identifies the target's content in the regeneration cache's key: config,
+    tokenizer and chat template by SHA-256, and the weights by SHA-256 too for a target
+    built here (a rebuilt, identical one hits the cache) -- each shard read once, then
+    remembered by path, size, mtime and inode. A target from ``model.path`` or the hub
+    follows ``model.fingerprint`` (``stat`` by default: a 600 GB checkpoint is not read).
+    Paths and mtimes of small files never enter the key."""
+    from eagle3_pipeline.targets.fingerprint import fingerprint_dir
+
+    mode = "content" if cfg.model.built_here else str(cfg.model.fingerprint)
+    return fingerprint_dir(model_dir, mode, Path(cfg.paths.cache) / "target_sha256.json")["files"]
+
+
 def make_backend(cfg: Config, spec: Any, model_dir: Path, tokenizer: Any, eot: list[int],
                  server: Any = None) -> Any:
     """The regeneration backend; ``server``: the ``vllm serve`` this run started, if any
@@ -138,7 +151,8 @@ def prepare(cfg: Config, progress: bool = True) -> dict[str, Any]:
 
         with server_context(cfg, spec, model_dir) as server:
             backend = make_backend(cfg, spec, model_dir, tokenizer, eot, server)
-            cache = GenerationCache(cache_path(regenerate_cache_dir(cfg), backend.fingerprint()))
+            key = {**backend.fingerprint(), "target": target_content(cfg, model_dir)}
+            cache = GenerationCache(cache_path(regenerate_cache_dir(cfg), key))
             rows, stats = regenerate_rows(
                 train, backend, tokenizer, eot, d.max_seq_len, d.reasoning, cache, progress
             )

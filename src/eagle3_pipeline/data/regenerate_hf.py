@@ -42,14 +42,9 @@ class HFBackend:
         self.model.to(device)
 
     def fingerprint(self) -> dict[str, Any]:
-        files = sorted(
-            (p.name, p.stat().st_size, p.stat().st_mtime_ns)
-            for p in self.model_dir.iterdir()
-            if p.is_file()
-        )
+        """The generation settings (the target's content is added by the caller)."""
         return {
             "backend": self.name,
-            "model_files": files,
             "max_new_tokens": self.max_new_tokens,
             "eot": self.eot_ids,
             "device": self.device,
