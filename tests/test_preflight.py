@@ -293,8 +293,36 @@ def test_cpu_mode_passes_for_the_cpu_profile(tmp_path):
     )
     assert res.passed and res.mode == "cpu" and res.inventory == {"mode": "cpu"}
     # the real vLLM environment, probed: the CPU build, its CLI answering
-    assert [c.name for c in res.checks] == ["target", "data", "driver", "packages", "disk", "vllm"]
+    assert [c.name for c in res.checks] == ["target", "data", "driver", "packages", "disk", "vllm",
+                                            "vllm_attention"]
     assert res.metrics["vllm"]["cpu_build"] is True and res.metrics["vllm"]["cli_version"]
+    # vLLM's own selector was asked about the draft's attention (the MLA target's is not)
+    assert "head_dim=32" in res.checks[-1].reading and "CPU_ATTN" in res.checks[-1].reading
+
+
+@pytest.mark.slow
+def test_a_head_size_vllm_refuses_is_refused_by_preflight_in_one_line(tmp_path, monkeypatch,
+                                                                      capsys):
+    """A tiny Llama with 8 heads of 16 (vLLM's CPU attention takes 32, 64, ...): what
+    used to fail at validate after training is refused before the target is built, with
+    vLLM's own list (asked of the installed vLLM, not copied)."""
+    import shutil
+
+    from eagle3_pipeline.stages.preflight import main
+
+    shutil.copytree(REPO / "conf", tmp_path / "conf")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        main(["model=tiny_llama", "model.tiny.num_heads=8"])
+    assert exc.value.code == 1
+    out = capsys.readouterr()
+    problems = [ln for ln in out.out.splitlines() if "head_dim=16" in ln]
+    assert any("target tiny_llama head_dim=16" in ln and "32, 64" in ln for ln in problems)
+    assert any("the draft's head_dim=16" in ln for ln in problems)
+    last = out.err.strip().splitlines()[-1]  # the one line names the reason
+    assert last.startswith("error: preflight: target tiny_llama head_dim=16: vLLM ")
+    assert "(and 1 more, listed above)" in last
+    assert not (tmp_path / "data/target").exists()
 
 
 def test_cpu_mode_fails_when_the_profile_expects_gpus(tmp_path):

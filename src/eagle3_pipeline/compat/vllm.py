@@ -88,3 +88,29 @@ def hidden_states_connector(cpu_build: bool) -> dict[str, str]:
     if cpu_build:
         return {"kv_connector": CPU_CONNECTOR, "kv_connector_module_path": CPU_CONNECTOR_MODULE}
     return {"kv_connector": UPSTREAM_CONNECTOR}
+
+
+# What the installed vLLM's attention selection says of a head size and dtype: the backend
+# it would pick on this platform (with a default config, as at engine start) and that
+# backend's own supports_head_size / supports_dtype. Why ask: the CPU build's kernel
+# refuses other head sizes only when the engine starts ("Unsupported CPU attention
+# configuration"), i.e. after training; the list is vLLM's, never copied here.
+ATTENTION_PROBE = (
+    "import json, sys\n"
+    "import torch\n"
+    "from vllm.config import VllmConfig, set_current_vllm_config\n"
+    "from vllm.v1.attention.selector import get_attn_backend\n"
+    "out = []\n"
+    "with set_current_vllm_config(VllmConfig()):\n"
+    "    for q in json.loads(sys.argv[1]):\n"
+    "        dtype = getattr(torch, q['dtype'])\n"
+    "        try:\n"
+    "            b = get_attn_backend(q['head_size'], dtype, None, num_heads=q.get('num_heads'))\n"
+    "            out.append({'backend': b.get_name(),\n"
+    "                        'head_size_ok': bool(b.supports_head_size(q['head_size'])),\n"
+    "                        'dtype_ok': bool(b.supports_dtype(dtype)),\n"
+    "                        'head_sizes': [int(h) for h in b.get_supported_head_sizes()]})\n"
+    "        except Exception as exc:\n"
+    "            out.append({'error': f'{type(exc).__name__}: {exc}'})\n"
+    "print(json.dumps(out))\n"
+)

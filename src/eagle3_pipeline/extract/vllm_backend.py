@@ -162,7 +162,9 @@ def extract_vllm(cfg: Config) -> dict[str, Any]:
                     rc = proc.wait()
                 gen_wall = time.perf_counter() - g0
                 if rc != 0:
-                    raise StageError(f"speculators generate-offline-data exited with {rc}")
+                    died = server.death()
+                    raise StageError(f"{died}; rerun (`dvc repro`) to resume" if died else
+                                     f"speculators generate-offline-data exited with {rc}")
         converted = validate_and_convert(
             rows, out, todo, n_layers, spec.hidden_size, cfg.extract.dtype,
             cfg.extract.fsync, timings,

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from eagle3_pipeline.core.config import Config
+from eagle3_pipeline.core.config import Config, ConfigError
 from eagle3_pipeline.plan.resources import FreeBytesFn, free_bytes
 from eagle3_pipeline.preflight.data import check_data_file
 from eagle3_pipeline.preflight.disk import check_disk
@@ -32,8 +32,10 @@ from eagle3_pipeline.preflight.gpu import (
 from eagle3_pipeline.preflight.hardware import TorchView, check_driver, gpu_checks, torch_view
 from eagle3_pipeline.preflight.result import Check, PreflightResult, inventory, write_outputs
 from eagle3_pipeline.preflight.software import (
+    attention_queries,
     check_packages,
     check_vllm,
+    check_vllm_attention,
     package_versions,
     probe_vllm,
     vllm_needed,
@@ -103,6 +105,7 @@ def run_preflight(
     versions: dict[str, str | None] | None = None,
     open_nvml: Callable[[], NvmlReader] = open_reader,
     vllm_probe: Callable[[Config], Any] = probe_vllm,
+    attention_probe: Callable[[Any, list[dict[str, Any]]], Any] | None = None,
 ) -> PreflightResult:
     """All checks. ``reader`` None: open the real NVML (absent driver -> CPU mode)."""
     env = os.environ if env is None else env
@@ -128,6 +131,8 @@ def run_preflight(
     if vllm_needed(cfg):
         vllm_reading = vllm_probe(cfg)
         checks.append(check_vllm(cfg, vllm_reading))
+        if vllm_reading.ok and target_check.passed:
+            checks.append(_attention_check(cfg, vllm_reading, attention_probe))
 
     mode = "cuda" if use_gpus and visible else "cpu"
     records = [gpu_record(v) for v in visible]
@@ -158,6 +163,28 @@ def run_preflight(
         checks, mode, inventory(mode, visible), metrics, cfg.preflight.strict, visible,
         fingerprint, data_fingerprint,
     )
+
+
+def _attention_check(cfg: Config, reading: Any,
+                     probe: Callable[[Any, list[dict[str, Any]]], Any] | None) -> Check:
+    """The target's and the draft's attention against the installed vLLM's selector
+    (``probe``: ``serving.env.attention_support`` unless injected)."""
+    from eagle3_pipeline.draft.shape import resolve_draft_shape
+    from eagle3_pipeline.plan.target_info import load_target
+
+    try:
+        spec = load_target(cfg.model).spec
+        draft = resolve_draft_shape(cfg.train.draft, spec)
+    except ConfigError as exc:
+        return Check("vllm_attention", False, "unknown", [str(exc)])
+    queries = attention_queries(cfg, spec, draft)
+    if probe is None:
+        from eagle3_pipeline.serving.env import attention_support
+
+        answers = attention_support(reading.python, [q for _, q in queries])
+    else:
+        answers = probe(reading, [q for _, q in queries])
+    return check_vllm_attention(cfg, reading, queries, answers)
 
 
 def check_machine(cfg: Config) -> PreflightResult:

@@ -101,3 +101,49 @@ def check_vllm(cfg: Config, result: Any) -> Check:
                 f"a speculators config (it reads {', '.join(read) or 'none'}), so the draft "
                 "would be served without it; set it false or install a vLLM that reads it"])
     return Check("vllm", True, reading)
+
+
+def attention_queries(cfg: Config, spec: Any, draft: Any) -> list[tuple[str, dict[str, Any]]]:
+    """What vLLM's attention will be asked to run in this pipeline: the target's (unless
+    MLA, whose kernels vLLM picks by other rules) wherever vLLM serves it, and the draft's
+    when validate serves the draft -- each in the dtype the validate engines use."""
+    v = cfg.validate
+    device = v.device or cfg.hardware.device
+    dtype = v.dtype or ("float32" if device == "cpu" else cfg.model.dtype)
+    out: list[tuple[str, dict[str, Any]]] = []
+    if spec.attention != "mla":
+        out.append((f"target {spec.name} head_dim={spec.head_dim}",
+                    {"head_size": spec.head_dim, "dtype": dtype,
+                     "num_heads": spec.num_attention_heads}))
+    if v.vllm and draft is not None:
+        out.append((f"the draft's head_dim={draft.head_dim} (train.draft.head_dim)",
+                    {"head_size": draft.head_dim, "dtype": dtype,
+                     "num_heads": draft.num_attention_heads}))
+    return out
+
+
+def check_vllm_attention(cfg: Config, reading: Any,
+                         queries: list[tuple[str, dict[str, Any]]],
+                         answers: list[dict[str, Any]] | None) -> Check:
+    """Refuse, before anything is spent, a head size or dtype the attention backend of the
+    installed vLLM does not take: it would fail only when validate starts the engine."""
+    if answers is None:
+        return Check("vllm_attention", True, "not known (vLLM's selector could not be asked)")
+    problems: list[str] = []
+    seen: list[str] = []
+    for (what, q), a in zip(queries, answers, strict=True):
+        if a.get("error"):
+            problems.append(f"{what}: vLLM {reading.version} selects no attention backend "
+                            f"for it ({a['error']})")
+            continue
+        seen.append(f"{what} -> {a['backend']}")
+        if not a.get("head_size_ok"):
+            problems.append(
+                f"{what}: vLLM {reading.version}'s {a['backend']} attention supports head "
+                f"sizes {', '.join(map(str, a.get('head_sizes') or []))} only, so the "
+                "engine would refuse it after training; choose a target (or "
+                "train.draft.head_dim) vLLM serves, or set validate.vllm=false")
+        elif not a.get("dtype_ok"):
+            problems.append(f"{what}: vLLM {reading.version}'s {a['backend']} attention "
+                            f"does not take dtype {q['dtype']} (set validate.dtype)")
+    return Check("vllm_attention", not problems, "; ".join(seen) or "nothing to check", problems)

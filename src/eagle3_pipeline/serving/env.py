@@ -34,6 +34,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +153,43 @@ def _eagle3_options(python: Path, timeout_s: float) -> list[str] | None:
         return [str(o) for o in json.loads(proc.stdout.strip().splitlines()[-1])]
     except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
         return None
+
+
+ATTENTION_CACHE = ".eagle3_vllm_attention.json"  # in the environment's folder
+
+
+def attention_support(python: str | Path, queries: list[dict[str, Any]],
+                      timeout_s: float = 300.0) -> list[dict[str, Any]] | None:
+    """vLLM's own answer, per ``{"head_size", "dtype", "num_heads"}`` query, on whether the
+    attention backend it picks here takes that head size and dtype (see
+    ``compat.vllm.ATTENTION_PROBE``); None when it cannot be asked. Cached beside the
+    environment per query set until a package there changes (~15 s to ask)."""
+    from eagle3_pipeline.compat.vllm import ATTENTION_PROBE
+
+    python = Path(python)
+    if not python.is_file():
+        return None
+    cache = python.parent.parent / ATTENTION_CACHE
+    key = json.dumps({"stamp": _site_stamp(python), "queries": queries}, sort_keys=True)
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        data = json.loads(cache.read_text(encoding="utf-8"))
+        if key in data:
+            return list(data[key])
+    try:
+        proc = subprocess.run([str(python), "-c", ATTENTION_PROBE, json.dumps(queries)],
+                              capture_output=True, text=True, timeout=timeout_s,
+                              env=worker_env())
+        answers = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return None
+    if not isinstance(answers, list) or len(answers) != len(queries):
+        return None
+    kept: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        kept = dict(list(json.loads(cache.read_text(encoding="utf-8")).items())[-15:])
+    with contextlib.suppress(OSError):
+        cache.write_text(json.dumps({**kept, key: answers}), encoding="utf-8")
+    return answers
 
 
 def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -33,6 +33,7 @@ import logging
 import os
 import re
 import secrets
+import signal
 import socket
 import subprocess
 import time
@@ -171,6 +172,14 @@ class VllmServer:
             except ServerIdentityError as exc:
                 raise self.error(str(exc)) from None
 
+    def death(self) -> str | None:
+        """None while the server runs; once its process has ended, how (exit status or
+        signal) and where its log is: a client's failure is then the server's death."""
+        if self.proc is None or self.proc.poll() is None:
+            return None
+        return (f"the vLLM server (pid {self.proc.pid}) died: {exit_description(self.proc.returncode)}"
+                f"; its log: {self.log_file}")
+
     def shutdown(self) -> None:
         proc, self.proc = self.proc, None
         try:
@@ -190,17 +199,32 @@ _CAUSES = (
     re.compile(r"(?i).*\b(address already in use|unrecognized arguments.*|error: .*)"),
 )
 _NOISE = ("See root cause above", "Traceback", "File \"", "raise ", "^")
+# vLLM's wrappers that point elsewhere for the reason: never the cause themselves
+_WRAPPERS = ("See root cause above", "See stack trace", "EngineDeadError",
+             "EngineGenerateError", "Engine core initialization failed",
+             "please check the stack trace above")
+
+
+def exit_description(rc: int) -> str:
+    """``killed by SIGKILL`` for -9, ``exit status 1`` for 1."""
+    if rc < 0:
+        try:
+            return f"killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"killed by signal {-rc}"
+    return f"exit status {rc}"
 
 
 def cause(log_text: str) -> str:
-    """The one line of a vLLM log that says why it stopped (vLLM's own "Engine core
-    initialization failed. See root cause above" is skipped for the root cause)."""
+    """The one line of a vLLM log that says why it stopped: the most telling line that is
+    not one of vLLM's wrappers ("EngineDeadError: EngineCore encountered an issue. See
+    stack trace (above)", "Engine core initialization failed. See root cause above")."""
     lines = [ln.strip() for ln in log_text.splitlines() if ln.strip()]
     lines = [ln for ln in lines if not any(n in ln[:40] for n in _NOISE)]
     for pattern in _CAUSES:
         for line in reversed(lines):
             m = pattern.search(line)
-            if m and "See root cause above" not in line:
+            if m and not any(w in line for w in _WRAPPERS):
                 return m.group(0).strip()[:400]
     return lines[-1][:400] if lines else "no output"
 

@@ -126,7 +126,13 @@ def online_server(source: OnlineSource) -> Iterator[Endpoint]:
             os.environ[ENV_KEY] = server.api_key
             os.environ[ENV_MODEL] = engine.served_model_name
             log.info("online hidden states from %s (staging %s)", server.url, staging)
-            yield Endpoint(os.environ[ENV_URL], server.api_key, os.environ[ENV_MODEL])
+            try:
+                yield Endpoint(os.environ[ENV_URL], server.api_key, os.environ[ENV_MODEL])
+            except StageError:
+                died = server.death()
+                if died:  # the workers' errors were its symptoms
+                    raise StageError(f"{died}; rerun (`dvc repro`) to resume") from None
+                raise
     finally:
         for k, v in saved.items():
             if v is None:
