@@ -245,3 +245,58 @@ def test_tiny_llama_runs_the_whole_graph(repo_copy: Path):
     assert validate["vllm_acceptance_length"] == pytest.approx(
         validate["vllm_style_acceptance_length"], abs=tol)
     assert "VLLM_MLA_DISABLE" not in validate["vllm"]["workarounds"]["with_draft"]["env"]
+
+
+def _status(cwd: Path) -> dict:
+    """``dvc status`` less preflight, which is always changed by design."""
+    out = json.loads(_dvc(cwd, "status", "--json").stdout or "{}")
+    out.pop("preflight", None)
+    return out
+
+
+def test_a_damaged_hidden_state_file_is_refused_restored_and_repaired(repo_copy: Path):
+    """Truncated in place (as root, ``truncate -s``): the train stage names the file and
+    the stage that rebuilds it in one line, and loses nothing -- its uncached figures are
+    back, its draft comes back with ``dvc checkout``; the next ``dvc repro`` leaves a
+    loadable file and a clean status. Then the same with ``cache.type=hardlink``, where
+    the truncation reaches DVC's cache object too."""
+    from safetensors import safe_open
+
+    hs = repo_copy / "data/hidden_states/hs_1.safetensors"
+    kept = {p: (repo_copy / p).read_bytes()
+            for p in ("metrics/details/train.json", "dvclive/train/metrics.json",
+                      "data/draft/model.safetensors")}
+
+    def damage() -> None:
+        os.chmod(hs, 0o644)  # DVC leaves links read-only; root writes anyway
+        os.truncate(hs, hs.stat().st_size // 2)
+
+    def loads() -> bool:
+        with safe_open(str(hs), framework="numpy") as fh:
+            return fh.get_tensor("hidden_states").shape[0] > 0
+
+    damage()
+    proc = subprocess.run([sys.executable, "-m", "dvc", "repro", "-s", "train"], cwd=repo_copy,
+                          env=_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0
+    line = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: train:")]
+    assert len(line) == 1 and "hs_1.safetensors" in line[0] and "dvc repro extract" in line[0]
+    assert "Traceback" not in proc.stderr
+    for rel in ("metrics/details/train.json", "dvclive/train/metrics.json"):
+        assert (repo_copy / rel).read_bytes() == kept[rel], rel
+    _dvc(repo_copy, "checkout", "train")
+    assert (repo_copy / "data/draft/model.safetensors").read_bytes() == kept[
+        "data/draft/model.safetensors"]
+
+    out = _dvc(repo_copy, "repro").stdout
+    assert "Running stage 'extract'" in out and "Running stage 'train'" not in out
+    assert loads() and _status(repo_copy) == {}
+
+    _dvc(repo_copy, "config", "--local", "cache.type", "hardlink")
+    _dvc(repo_copy, "checkout", "--relink")
+    assert hs.stat().st_nlink >= 2  # the workspace file is the cache object
+    damage()
+    out = _dvc(repo_copy, "repro").stdout
+    assert "Running stage 'train'" not in out
+    assert loads() and _status(repo_copy) == {}
+    _dvc(repo_copy, "config", "--local", "--unset", "cache.type")
