@@ -24,7 +24,10 @@ acceptance length, per-position rates, optimizer steps, train wall time, and the
 each acceptance length to the stronger stock run's.
 
     python bench/recipe.py [--workdir .] [--out bench_out/recipe] [--skip-stock-defaults]
-                           [--variant muon train.optimizer=muon ...]
+                           [--resume] [--variant muon train.optimizer=muon ...]
+
+``--resume`` keeps what ``recipe.json`` already holds (a stock run takes the longest), so
+adding a variant costs only that variant.
 """
 
 from __future__ import annotations
@@ -177,6 +180,9 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=None,
                     help="train every draft for this many epochs (a quick check of the bench; "
                     "the pipeline's draft is then retrained too)")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the runs already in OUT/recipe.json (same work directory and "
+                    "epochs) and train only the missing ones")
     ap.add_argument("--variant", nargs="+", action="append", default=[],
                     metavar=("NAME", "KEY=VALUE"),
                     help="also train the pipeline's recipe with these keys changed")
@@ -196,9 +202,17 @@ def main() -> None:
 
     runs: dict[str, dict[str, Any]] = {}
     out.mkdir(parents=True, exist_ok=True)
+    if args.resume and (out / "recipe.json").is_file():
+        runs = json.loads((out / "recipe.json").read_text())
+        print(f"resuming: {', '.join(runs)} already measured", flush=True)
 
-    def done(name: str, run: dict[str, Any]) -> None:
-        """Serve the draft just trained; keep every figure so far in recipe.json."""
+    def done(name: str, run: Any) -> None:
+        """Serve the draft just trained; keep every figure so far in recipe.json.
+        ``run``: the run, or a function that trains it (not called when resumed)."""
+        if name in runs:
+            return
+        if callable(run):
+            run = run()
         print(f"serving {name} ({run['draft']}) in vLLM", flush=True)
         run.update(serve(cfg, spec, work, Path(run["draft"]), name.split()[0]))
         print(f"  {name}: acceptance length {_fmt(run['acceptance_length'])}", flush=True)
@@ -208,17 +222,19 @@ def main() -> None:
 
     epochs = [f"train.epochs={args.epochs}"] if args.epochs is not None else []
     if epochs:  # the pipeline's own draft was trained for other epochs: train it again
-        done("pipeline", train_variant(work, out / "pipeline", epochs))
+        done("pipeline", lambda: train_variant(work, out / "pipeline", epochs))
     else:
         done("pipeline", {"draft": work / cfg.paths.draft, "steps": pipeline_train.get("steps"),
                           "train_s": pipeline_train.get("wall_s")})
-    done("stock (our tokens/step)", train_stock(
+    done("stock (our tokens/step)", lambda: train_stock(
         cfg, spec, work, out / "stock_our_tokens",
         ["--total-seq-len", str(cfg.train.tokens_per_step)]))
     for name, *sets in args.variant:
-        done(f"pipeline {name}", train_variant(work, out / f"variant_{name}", [*epochs, *sets]))
+        done(f"pipeline {name}",
+             lambda n=name, s=sets: train_variant(work, out / f"variant_{n}", [*epochs, *s]))
     if not args.skip_stock_defaults:
-        done("stock (its defaults)", train_stock(cfg, spec, work, out / "stock_defaults", []))
+        done("stock (its defaults)",
+             lambda: train_stock(cfg, spec, work, out / "stock_defaults", []))
 
     base = runs["stock (our tokens/step)"]["acceptance_length"]
     if "stock (its defaults)" in runs:
