@@ -211,8 +211,9 @@ def test_inference_chain_equals_speculators_ttt_forward(setup: Setup, trained: A
 
 
 @pytest.mark.parametrize("options", [
-    {"norm_before_fc": True, "norm_output": True},  # speculators' EAGLE-3.1 defaults
-    {"fc_norm": True},
+    {"norm_before_fc": True, "norm_output": True},  # speculators' and our defaults
+    {"fc_norm": True, "norm_before_fc": False, "norm_output": False},
+    {"norm_before_fc": False, "norm_output": False},  # plain EAGLE-3
 ])
 def test_inference_chain_follows_the_eagle31_options(setup: Setup, options: dict) -> None:
     """With the EAGLE-3.1 norms (weights moved off their init of ones, so a skipped norm

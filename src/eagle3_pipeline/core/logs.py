@@ -1,8 +1,8 @@
 """One log format for every process of a run: the stage entrypoints and the workers they
 start (torchrun's training ranks) write interleaved to the same terminal.
 
-Repeated warnings are counted, not printed: a library that warns once per row or per
-retry (speculators' loader and client, Python warnings) would otherwise bury the one line
+Repeated warnings of other libraries are counted, not printed: one that warns once per
+row or per retry (speculators' loader and client, Python warnings) would otherwise bury the one line
 that says what went wrong. The first :data:`REPEAT_LIMIT` of a kind (same logger, same
 text with numbers masked) are shown; the rest are summarised in one line each when the
 process ends (:func:`log_repeat_summary`; the stage runner calls it before its last line).
@@ -35,7 +35,8 @@ class RepeatFilter(logging.Filter):
         return record.name, _NUMBER.sub("N", first)[:160]
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno != logging.WARNING:
+        # ours say what they mean once (the bad-lines report names five, then the file)
+        if record.levelno != logging.WARNING or record.name.startswith("eagle3_pipeline"):
             return True
         key = self.kind(record)
         self.seen[key] += 1
