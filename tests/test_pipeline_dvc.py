@@ -266,6 +266,11 @@ def test_a_damaged_hidden_state_file_is_refused_restored_and_repaired(repo_copy:
     the truncation reaches DVC's cache object too."""
     from safetensors import safe_open
 
+    # an offline run in the workspace (a no-op after the tests above; alone, after the
+    # online experiment, it extracts again): hidden-state files to damage
+    _run(repo_copy, "git", "add", "-A")
+    _run(repo_copy, "git", "commit", "-qm", "before damage", "--allow-empty")
+    _dvc(repo_copy, "exp", "run", "-S", "extract.mode=offline", *NO_VLLM)
     hs = repo_copy / "data/hidden_states/hs_1.safetensors"
     kept = {p: (repo_copy / p).read_bytes()
             for p in ("metrics/details/train.json", "dvclive/train/metrics.json",

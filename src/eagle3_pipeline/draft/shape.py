@@ -115,7 +115,8 @@ def resolve_draft_shape(draft: DraftShapeConfig, spec: TargetSpec) -> DraftShape
 
 
 def estimate_parameters(shape: DraftShape, n_aux: int, draft_vocab_size: int,
-                        target_vocab_size: int) -> tuple[int, int]:
+                        target_vocab_size: int,
+                        options: DraftShapeConfig | None = None) -> tuple[int, int]:
     """``(trainable, frozen)`` parameter counts of the ``Eagle3DraftModel`` this shape
     builds, without building it (the train stage picks DDP or FSDP from them).
 
@@ -124,7 +125,10 @@ def estimate_parameters(shape: DraftShape, n_aux: int, draft_vocab_size: int,
     and the final norm. Frozen (speculators 0.9 loads them from the target and does not
     train them): the embeddings (target vocab x H), the draft ``lm_head`` and the
     ``verifier_lm_head`` (the target's lm_head rows for the draft vocab, draft vocab x H
-    each) and the verifier's final norm. A test checks the count against the built model.
+    each) and the verifier's final norm. The EAGLE-3.1 ``options``: ``norm_before_fc`` one
+    RMSNorm over the n_aux * H concatenation, ``fc_norm`` one per aux state (n_aux * H
+    either way); ``norm_output`` reuses the final norm. A test checks the count against
+    the built model.
     """
     h, hd = shape.hidden_size, shape.head_dim
     q, kv = shape.num_attention_heads * hd, shape.num_key_value_heads * hd
@@ -135,6 +139,8 @@ def estimate_parameters(shape: DraftShape, n_aux: int, draft_vocab_size: int,
         return inp * (q + 2 * kv) + q * h + 3 * h * shape.intermediate_size + norms
 
     trainable = n_aux * h * h + sum(layer(i == 0) for i in range(shape.num_layers)) + h
+    if options is not None and (options.norm_before_fc or options.fc_norm):
+        trainable += n_aux * h
     frozen = target_vocab_size * h + 2 * draft_vocab_size * h + h
     return trainable, frozen
 

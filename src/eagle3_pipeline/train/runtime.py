@@ -101,7 +101,7 @@ def choose_parallel(cfg: Config, shape: DraftShape, spec: TargetSpec,
     if t.parallel != "auto":
         return t.parallel, f"train.parallel={t.parallel}"
     trainable, frozen = estimate_parameters(shape, len(spec.aux_layer_ids),
-                                            t.draft_vocab_size, spec.vocab_size)
+                                            t.draft_vocab_size, spec.vocab_size, t.draft)
     if trainable >= t.fsdp_min_params:
         return "fsdp", (f"auto: {trainable:,} trainable parameters >= "
                         f"train.fsdp_min_params={t.fsdp_min_params:,}")
