@@ -468,6 +468,13 @@ class Config:
     validate: ValidateConfig = field(default_factory=ValidateConfig)
     vllm: VllmConfig = field(default_factory=VllmConfig)
 
+    def validate_runtime(self) -> tuple[str, str]:
+        """The validate stage's device and dtype (float32 on CPU, where losslessness is
+        checked exactly); preflight asks vLLM about the same dtype."""
+        v = self.validate
+        device = v.device or self.hardware.device
+        return device, v.dtype or ("float32" if device == "cpu" else self.model.dtype)
+
 
 
 

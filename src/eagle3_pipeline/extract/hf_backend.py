@@ -24,7 +24,7 @@ from eagle3_pipeline.extract.extraction import (
     cleanup_if_empty,
     peak_rss_bytes,
 )
-from eagle3_pipeline.extract.manifest import file_matches, write_manifest
+from eagle3_pipeline.extract.manifest import write_manifest
 from eagle3_pipeline.extract.writer import FAULT_NAME, BatchWriter, Timings
 from eagle3_pipeline.targets.capture import Capture, check_capture, forward_batch, pad_id
 from eagle3_pipeline.targets.loading import LanguageModel, load_language_model
@@ -49,14 +49,10 @@ def plan_work(ex: Extraction, cfg: Config) -> Work:
     """Resume by batch: a batch whose every row has a complete file is skipped; the others
     are recomputed whole (same padding, so the same bytes) and only missing rows written."""
     e = cfg.extract
-    rows, spec = ex.rows, ex.spec
-    n_layers = len(spec.aux_layer_ids) + 1
+    rows = ex.rows
     plan = plan_batches(rows.lengths, e.batch_tokens, e.plan_rows)
     mine = rank_batches(plan, e.rank, e.world_size)
-    done = {
-        i for i, p in ex.reusable.items()
-        if i < len(rows) and file_matches(p, rows.lengths[i], n_layers, spec.hidden_size, e.dtype)
-    }
+    done = {i for i in ex.reusable if i < len(rows)}  # begin() dropped the damaged ones
     todo = [(j, b) for j, b in mine if not all(i in done for i in b)]
     return Work(plan, mine, done, todo)
 

@@ -108,8 +108,7 @@ def attention_queries(cfg: Config, spec: Any, draft: Any) -> list[tuple[str, dic
     MLA, whose kernels vLLM picks by other rules) wherever vLLM serves it, and the draft's
     when validate serves the draft -- each in the dtype the validate engines use."""
     v = cfg.validate
-    device = v.device or cfg.hardware.device
-    dtype = v.dtype or ("float32" if device == "cpu" else cfg.model.dtype)
+    _device, dtype = cfg.validate_runtime()
     out: list[tuple[str, dict[str, Any]]] = []
     if spec.attention != "mla":
         out.append((f"target {spec.name} head_dim={spec.head_dim}",

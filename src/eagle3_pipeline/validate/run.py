@@ -35,8 +35,7 @@ def paths(cfg: Config) -> dict[str, Path]:
 
 def runtime(cfg: Config) -> tuple[str, str]:
     v = cfg.validate
-    device = v.device or cfg.hardware.device
-    dtype = v.dtype or ("float32" if device == "cpu" else cfg.model.dtype)
+    device, dtype = cfg.validate_runtime()
     if v.max_new_tokens < 1:
         raise ConfigError(f"validate.max_new_tokens={v.max_new_tokens} must be >= 1")
     if v.num_prompts is not None and v.num_prompts < 1:
