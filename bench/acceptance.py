@@ -83,10 +83,13 @@ def main() -> None:
         source = "random-weight Llama h256 x4 layers, untrained draft"
     target = Target.load(spec)
     draft = SpeculatorsDraft(model)
-    prompts = [Prompt(str(i), [(7 * i + j) % 200 + 10 for j in range(32)])
-               for i in range(args.prompts)]  # fmt: skip
-    print(f"target: {source}; K={args.k}; {args.prompts} prompt(s) of 32 tokens; "
-          f"{args.trials} interleaved trials; torch threads 1")
+    prompts = [
+        Prompt(str(i), [(7 * i + j) % 200 + 10 for j in range(32)]) for i in range(args.prompts)
+    ]
+    print(
+        f"target: {source}; K={args.k}; {args.prompts} prompt(s) of 32 tokens; "
+        f"{args.trials} interleaved trials; torch threads 1"
+    )
     rows = []
     for n in args.tokens:
         times: dict[bool, list[float]] = {False: [], True: []}
@@ -94,23 +97,27 @@ def main() -> None:
         for _ in range(args.trials):
             for kv in (False, True):
                 t0 = time.perf_counter()
-                res, per_prompt = measure(target, draft, prompts, args.k, n, [],
-                                          check_lossless=False, kv_cache=kv)  # fmt: skip
+                res, per_prompt = measure(
+                    target, draft, prompts, args.k, n, [], check_lossless=False, kv_cache=kv
+                )
                 times[kv].append(time.perf_counter() - t0)
                 results[kv] = (res.to_dict(), [dataclasses.asdict(r) for r in per_prompt])
         tokens = results[False][0]["tokens"]
         ratios = [a / b for a, b in zip(times[False], times[True], strict=True)]
         row = {
-            "new_tokens": n, "tokens": tokens,
+            "new_tokens": n,
+            "tokens": tokens,
             "recompute_tokens_per_s": tokens / statistics.median(times[False]),
             "kv_cache_tokens_per_s": tokens / statistics.median(times[True]),
             "median_paired_ratio": statistics.median(ratios),
             "identical": results[False] == results[True],
-        }  # fmt: skip
+        }
         rows.append(row)
-        print(f"{n:>5} new tokens: recompute {row['recompute_tokens_per_s']:8.1f} tok/s, "
-              f"kv cache {row['kv_cache_tokens_per_s']:8.1f} tok/s, "
-              f"ratio {row['median_paired_ratio']:.2f}x, identical: {row['identical']}")
+        print(
+            f"{n:>5} new tokens: recompute {row['recompute_tokens_per_s']:8.1f} tok/s, "
+            f"kv cache {row['kv_cache_tokens_per_s']:8.1f} tok/s, "
+            f"ratio {row['median_paired_ratio']:.2f}x, identical: {row['identical']}"
+        )
     target.close()
     if args.out:
         args.out.write_text(json.dumps({"source": source, "rows": rows}, indent=2))

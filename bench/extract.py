@@ -34,7 +34,7 @@ def build_target(root: Path, hidden: int, layers: int, vocab: int) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from eagle3_pipeline.core.config import ModelConfig
-    from eagle3_pipeline.data.corpus import builtin_conversations
+    from eagle3_pipeline.core.corpus import builtin_conversations
     from eagle3_pipeline.targets.adapter import describe_target
     from eagle3_pipeline.targets.tiny import build_tokenizer
 
@@ -42,14 +42,21 @@ def build_target(root: Path, hidden: int, layers: int, vocab: int) -> Path:
     tok = build_tokenizer(texts, vocab)
     torch.manual_seed(0)
     cfg = LlamaConfig(
-        vocab_size=len(tok), hidden_size=hidden, intermediate_size=hidden * 8 // 3,
-        num_hidden_layers=layers, num_attention_heads=hidden // 64, num_key_value_heads=hidden // 128,
-        max_position_embeddings=1024, tie_word_embeddings=False,
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        intermediate_size=hidden * 8 // 3,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 64,
+        num_key_value_heads=hidden // 128,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
     )
     model_dir = root / "data/target/model"
     LlamaForCausalLM(cfg).save_pretrained(model_dir)
     tok.save_pretrained(model_dir)
-    spec = describe_target(model_dir, ModelConfig(name=f"bench_llama_h{hidden}", path=str(model_dir)))
+    spec = describe_target(
+        model_dir, ModelConfig(name=f"bench_llama_h{hidden}", path=str(model_dir))
+    )
     (root / "data/target/target.json").write_text(json.dumps(spec.to_dict(), indent=2))
     return model_dir
 
@@ -59,8 +66,13 @@ def build_rows(root: Path, n: int, vocab: int, seed: int = 0) -> list[list[int]]
 
     rng = random.Random(seed)
     rows = [[rng.randrange(16, vocab) for _ in range(rng.randint(64, 256))] for _ in range(n)]
-    ds = Dataset.from_dict({"input_ids": rows, "loss_mask": [[1] * len(r) for r in rows],
-                            "seq_len": [len(r) for r in rows]})
+    ds = Dataset.from_dict(
+        {
+            "input_ids": rows,
+            "loss_mask": [[1] * len(r) for r in rows],
+            "seq_len": [len(r) for r in rows],
+        }
+    )
     ds.set_format("torch")
     ds.save_to_disk(str(root / "data/prepared"))
     return rows
@@ -89,8 +101,13 @@ def bare_forward(lm, rows, plan, full: bool) -> float:
 def bare_serialize(rows, n_layers: int, hidden: int, fsync: bool) -> tuple[float, int]:
     from eagle3_pipeline.extract.writer import save_hidden_states
 
-    tensors = [(torch.tensor(r, dtype=torch.int64),
-                torch.randn(len(r), n_layers, hidden).to(torch.bfloat16)) for r in rows]
+    tensors = [
+        (
+            torch.tensor(r, dtype=torch.int64),
+            torch.randn(len(r), n_layers, hidden).to(torch.bfloat16),
+        )
+        for r in rows
+    ]
     out = Path(tempfile.mkdtemp(prefix="bench_ser_"))
     try:
         t0 = time.perf_counter()
@@ -103,7 +120,9 @@ def bare_serialize(rows, n_layers: int, hidden: int, fsync: bool) -> tuple[float
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--rows", type=int, default=64)
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--layers", type=int, default=4)
@@ -125,8 +144,12 @@ def main() -> None:
         rows = build_rows(root, args.rows, args.vocab)
         spec = load_target_spec(root / "data/target/target.json")
         cfg = load_config(
-            ["model=tiny_llama", f"data_dir={root / 'data'}", f"metrics_dir={root / 'metrics'}",
-             f"extract.batch_tokens={args.batch_tokens}"],
+            [
+                "model=tiny_llama",
+                f"data_dir={root / 'data'}",
+                f"metrics_dir={root / 'metrics'}",
+                f"extract.batch_tokens={args.batch_tokens}",
+            ],
             conf_dir=repo / "conf",
         )
         cfg.model.aux_layer_ids = None
@@ -142,26 +165,41 @@ def main() -> None:
         del lm
 
         m = extract_hf(cfg, progress=False)
-        stage_tps = m["tokens_per_s"]
+        stage_tps = m.tokens_per_s
         bare = {"forward": tokens / fwd_s, "serialize": tokens / ser_s}
         slower = min(bare.values())
         figures = {
-            "target": spec.name, "hidden_size": spec.hidden_size, "layers": spec.num_layers,
-            "aux_layer_ids": spec.aux_layer_ids, "rows": len(rows), "tokens": tokens,
-            "batches": len(plan), "batch_tokens": args.batch_tokens,
-            "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
+            "target": spec.name,
+            "hidden_size": spec.hidden_size,
+            "layers": spec.num_layers,
+            "aux_layer_ids": spec.aux_layer_ids,
+            "rows": len(rows),
+            "tokens": tokens,
+            "batches": len(plan),
+            "batch_tokens": args.batch_tokens,
+            "threads": torch.get_num_threads(),
+            "cpu_count": os.cpu_count(),
             "stage_tokens_per_s": stage_tps,
-            "stage_split_s": {k: m[k] for k in ("forward_s", "capture_s", "serialize_s",
-                                                 "fsync_s", "queue_wait_s", "compute_wall_s")},
+            "stage_split_s": {
+                k: getattr(m, k)
+                for k in (
+                    "forward_s",
+                    "capture_s",
+                    "serialize_s",
+                    "fsync_s",
+                    "queue_wait_s",
+                    "compute_wall_s",
+                )
+            },
             "bare_forward_tokens_per_s": bare["forward"],
             "bare_model_call_tokens_per_s": tokens / full_s,
             "bare_serialize_tokens_per_s": bare["serialize"],
             "bare_serialize_bytes": ser_bytes,
-            "stage_bytes_per_token": m["bytes_per_token"],
+            "stage_bytes_per_token": m.bytes_per_token,
             "ratio_stage_vs_slower_bare": stage_tps / slower,
             "ratio_stage_vs_bare_forward": stage_tps / bare["forward"],
             "ratio_stage_vs_bare_model_call": stage_tps / (tokens / full_s),
-            "peak_rss_bytes": m["peak_rss_bytes"],
+            "peak_rss_bytes": m.peak_rss_bytes,
         }
         print(json.dumps(figures, indent=2))
         print(

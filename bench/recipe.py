@@ -48,19 +48,43 @@ def _stock_flags(cfg: Any, spec: Any, work: Path, vocab_dir: Path, out: Path) ->
 
     t = cfg.train  # (epochs: the run's, or --epochs)
     flags = [
-        "--verifier-name-or-path", str((work / spec.path).resolve()),
-        "--data-path", str((work / cfg.paths.prepared).resolve()),
-        "--hidden-states-path", str((work / cfg.paths.hidden_states).resolve()),
-        "--target-layer-ids", *map(str, spec.aux_layer_ids),
-        "--draft-vocab-size", str(t.draft_vocab_size),
-        "--d2t-path", str(vocab_dir / "d2t.npy"), "--t2d-path", str(vocab_dir / "t2d.npy"),
-        "--epochs", str(t.epochs), "--ttt-steps", str(t.speculative_tokens),
-        "--seed", str(cfg.seed), "--train-data-ratio", str(1 - t.val_fraction),
-        "--on-missing", "raise", "--no-resume-from-checkpoint", "--save-path", str(out),
+        "--verifier-name-or-path",
+        str((work / spec.path).resolve()),
+        "--data-path",
+        str((work / cfg.paths.prepared).resolve()),
+        "--hidden-states-path",
+        str((work / cfg.paths.hidden_states).resolve()),
+        "--target-layer-ids",
+        *map(str, spec.aux_layer_ids),
+        "--draft-vocab-size",
+        str(t.draft_vocab_size),
+        "--d2t-path",
+        str(vocab_dir / "d2t.npy"),
+        "--t2d-path",
+        str(vocab_dir / "t2d.npy"),
+        "--epochs",
+        str(t.epochs),
+        "--ttt-steps",
+        str(t.speculative_tokens),
+        "--seed",
+        str(cfg.seed),
+        "--train-data-ratio",
+        str(1 - t.val_fraction),
+        "--on-missing",
+        "raise",
+        "--no-resume-from-checkpoint",
+        "--save-path",
+        str(out),
     ]
     if not torch.cuda.is_available():
-        flags += ["--draft-attn-impl", "sdpa", "--loss-implementation", "eager",
-                  "--num-workers", "1"]
+        flags += [
+            "--draft-attn-impl",
+            "sdpa",
+            "--loss-implementation",
+            "eager",
+            "--num-workers",
+            "1",
+        ]
     return flags
 
 
@@ -78,8 +102,14 @@ def _vocab_files(draft_dir: Path, target_vocab: int, out: Path) -> None:
 
 
 def _final_checkpoint(save_path: Path) -> Path:
-    epochs = sorted((p for p in save_path.iterdir() if p.is_dir() and p.name.isdigit()
-                     and (p / "config.json").is_file()), key=lambda p: int(p.name))
+    epochs = sorted(
+        (
+            p
+            for p in save_path.iterdir()
+            if p.is_dir() and p.name.isdigit() and (p / "config.json").is_file()
+        ),
+        key=lambda p: int(p.name),
+    )
     if not epochs:
         raise SystemExit(f"error: recipe: {save_path} holds no epoch checkpoint")
     return epochs[-1]
@@ -94,25 +124,39 @@ def _steps_from_log(text: str) -> int | None:
 
 def train_stock(cfg: Any, spec: Any, work: Path, out: Path, extra: list[str]) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "eagle3_pipeline.compat.speculators_cli",
-           *_stock_flags(cfg, spec, work, out.parent / "vocab", out / "ckpt"), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "eagle3_pipeline.compat.speculators_cli",
+        *_stock_flags(cfg, spec, work, out.parent / "vocab", out / "ckpt"),
+        *extra,
+    ]
     print("+", " ".join(cmd), flush=True)
     t0 = time.perf_counter()
     with open(out / "train.log", "w") as log:
         proc = subprocess.run(cmd, cwd=work, stdout=log, stderr=subprocess.STDOUT)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
-        raise SystemExit(f"error: recipe: the stock run failed ({proc.returncode}); see "
-                         f"{out / 'train.log'}")
-    return {"draft": _final_checkpoint(out / "ckpt"), "train_s": wall,
-            "steps": _steps_from_log((out / "train.log").read_text(errors="replace"))}
+        raise SystemExit(
+            f"error: recipe: the stock run failed ({proc.returncode}); see {out / 'train.log'}"
+        )
+    return {
+        "draft": _final_checkpoint(out / "ckpt"),
+        "train_s": wall,
+        "steps": _steps_from_log((out / "train.log").read_text(errors="replace")),
+    }
 
 
 def train_variant(work: Path, out: Path, sets: list[str]) -> dict[str, Any]:
     """The pipeline's train stage on the same data with ``sets`` changed, into ``out``."""
     params = yaml.safe_load((work / "params.yaml").read_text())
-    sets = [*sets, f"paths.draft={out / 'draft'}", f"paths.train_state={out / 'state'}",
-            f"paths.live={out / 'live'}", f"paths.details={out / 'details'}"]
+    sets = [
+        *sets,
+        f"paths.draft={out / 'draft'}",
+        f"paths.train_state={out / 'state'}",
+        f"paths.live={out / 'live'}",
+        f"paths.details={out / 'details'}",
+    ]
     for item in sets:
         key, value = item.split("=", 1)
         node = params
@@ -122,17 +166,23 @@ def train_variant(work: Path, out: Path, sets: list[str]) -> dict[str, Any]:
         node[leaf] = yaml.safe_load(value)
     out.mkdir(parents=True, exist_ok=True)
     (out / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    cmd = [sys.executable, "-m", "eagle3_pipeline.stages.train", "--params",
-           str(out / "params.yaml")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "eagle3_pipeline.stages.train",
+        "--params",
+        str(out / "params.yaml"),
+    ]
     print("+", " ".join(cmd), flush=True)
     t0 = time.perf_counter()
     with open(out / "train.log", "w") as log:
         proc = subprocess.run(cmd, cwd=work, stdout=log, stderr=subprocess.STDOUT)
     if proc.returncode != 0:
         raise SystemExit(f"error: recipe: variant failed; see {out / 'train.log'}")
-    details = json.loads((out / "details" / "train.json").read_text())
-    return {"draft": out / "draft", "train_s": time.perf_counter() - t0,
-            "steps": details.get("steps")}
+    from eagle3_pipeline.train.record import TrainRecord
+
+    details = TrainRecord.read(out / "details" / "train.json")
+    return {"draft": out / "draft", "train_s": time.perf_counter() - t0, "steps": details.steps}
 
 
 def serve(cfg: Any, spec: Any, work: Path, draft: Path, name: str) -> dict[str, Any]:
@@ -153,17 +203,26 @@ def serve(cfg: Any, spec: Any, work: Path, draft: Path, name: str) -> dict[str, 
         if cfg.validate.num_prompts is not None:
             prompts = prompts[: cfg.validate.num_prompts]
         k = cfg.train.speculative_tokens
-        engine = build_engine(cfg, spec, spec.path, "validate", dtype="float32",
-                              draft_dir=draft.resolve(), k=k)
-        run = run_offline(find_python(cfg.vllm.python), engine, [p.prompt_ids for p in prompts],
-                          cfg.validate.max_new_tokens, stop_token_ids(spec.path),
-                          log_file(cfg, f"recipe_{name}"),
-                          timeout_s=cfg.vllm.startup_timeout_s + 3600)
+        engine = build_engine(
+            cfg, spec, spec.path, "validate", dtype="float32", draft_dir=draft.resolve(), k=k
+        )
+        run = run_offline(
+            find_python(cfg.vllm.python),
+            engine,
+            [p.prompt_ids for p in prompts],
+            cfg.validate.max_new_tokens,
+            stop_token_ids(spec.path),
+            log_file(cfg, f"recipe_{name}"),
+            timeout_s=cfg.vllm.startup_timeout_s + 3600,
+        )
     finally:
         os.chdir(old)
     fig = acceptance_figures(run["counters"])
-    return {"acceptance_length": fig["mean_acceptance_length"],
-            "per_position_rate": fig["per_position_rate"], "tokens_per_s": run["tokens_per_s"]}
+    return {
+        "acceptance_length": fig["mean_acceptance_length"],
+        "per_position_rate": fig["per_position_rate"],
+        "tokens_per_s": run["tokens_per_s"],
+    }
 
 
 def _fmt(v: Any, nd: int = 3) -> str:
@@ -171,25 +230,42 @@ def _fmt(v: Any, nd: int = 3) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--workdir", type=Path, default=Path("."))
     ap.add_argument("--out", type=Path, default=Path("bench_out/recipe"))
-    ap.add_argument("--skip-stock-defaults", action="store_true",
-                    help="skip the stock run at its own 8192 tokens per step")
-    ap.add_argument("--epochs", type=int, default=None,
-                    help="train every draft for this many epochs (a quick check of the bench; "
-                    "the pipeline's draft is then retrained too)")
-    ap.add_argument("--resume", action="store_true",
-                    help="keep the runs already in OUT/recipe.json (same work directory and "
-                    "epochs) and train only the missing ones")
-    ap.add_argument("--variant", nargs="+", action="append", default=[],
-                    metavar=("NAME", "KEY=VALUE"),
-                    help="also train the pipeline's recipe with these keys changed")
+    ap.add_argument(
+        "--skip-stock-defaults",
+        action="store_true",
+        help="skip the stock run at its own 8192 tokens per step",
+    )
+    ap.add_argument(
+        "--epochs",
+        type=int,
+        default=None,
+        help="train every draft for this many epochs (a quick check of the bench; "
+        "the pipeline's draft is then retrained too)",
+    )
+    ap.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the runs already in OUT/recipe.json (same work directory and "
+        "epochs) and train only the missing ones",
+    )
+    ap.add_argument(
+        "--variant",
+        nargs="+",
+        action="append",
+        default=[],
+        metavar=("NAME", "KEY=VALUE"),
+        help="also train the pipeline's recipe with these keys changed",
+    )
     args = ap.parse_args()
 
     from eagle3_pipeline.core.config import load_params
     from eagle3_pipeline.targets.adapter import load_target_spec
+    from eagle3_pipeline.train.record import TrainRecord
 
     work = args.workdir.resolve()
     out = args.out if args.out.is_absolute() else work / args.out
@@ -198,7 +274,7 @@ def main() -> None:
         cfg.train.epochs = args.epochs
     spec = load_target_spec(work / cfg.paths.target / "target.json")
     _vocab_files(work / cfg.paths.draft, spec.vocab_size, out / "vocab")
-    pipeline_train = json.loads((work / cfg.paths.details / "train.json").read_text())
+    pipeline_train = TrainRecord.read(work / cfg.paths.details / "train.json")
 
     runs: dict[str, dict[str, Any]] = {}
     out.mkdir(parents=True, exist_ok=True)
@@ -217,39 +293,61 @@ def main() -> None:
         run.update(serve(cfg, spec, work, Path(run["draft"]), name.split()[0]))
         print(f"  {name}: acceptance length {_fmt(run['acceptance_length'])}", flush=True)
         runs[name] = run
-        (out / "recipe.json").write_text(json.dumps(
-            {n: {**r, "draft": str(r["draft"])} for n, r in runs.items()}, indent=2))
+        (out / "recipe.json").write_text(
+            json.dumps({n: {**r, "draft": str(r["draft"])} for n, r in runs.items()}, indent=2)
+        )
 
     epochs = [f"train.epochs={args.epochs}"] if args.epochs is not None else []
     if epochs:  # the pipeline's own draft was trained for other epochs: train it again
         done("pipeline", lambda: train_variant(work, out / "pipeline", epochs))
     else:
-        done("pipeline", {"draft": work / cfg.paths.draft, "steps": pipeline_train.get("steps"),
-                          "train_s": pipeline_train.get("wall_s")})
-    done("stock (our tokens/step)", lambda: train_stock(
-        cfg, spec, work, out / "stock_our_tokens",
-        ["--total-seq-len", str(cfg.train.tokens_per_step)]))
+        done(
+            "pipeline",
+            {
+                "draft": work / cfg.paths.draft,
+                "steps": pipeline_train.steps,
+                "train_s": pipeline_train.wall_s,
+            },
+        )
+    done(
+        "stock (our tokens/step)",
+        lambda: train_stock(
+            cfg,
+            spec,
+            work,
+            out / "stock_our_tokens",
+            ["--total-seq-len", str(cfg.train.tokens_per_step)],
+        ),
+    )
     for name, *sets in args.variant:
-        done(f"pipeline {name}",
-             lambda n=name, s=sets: train_variant(work, out / f"variant_{n}", [*epochs, *s]))
+        done(
+            f"pipeline {name}",
+            lambda n=name, s=sets: train_variant(work, out / f"variant_{n}", [*epochs, *s]),
+        )
     if not args.skip_stock_defaults:
-        done("stock (its defaults)",
-             lambda: train_stock(cfg, spec, work, out / "stock_defaults", []))
+        done(
+            "stock (its defaults)", lambda: train_stock(cfg, spec, work, out / "stock_defaults", [])
+        )
 
     base = runs["stock (our tokens/step)"]["acceptance_length"]
     if "stock (its defaults)" in runs:
         base = max(base or 0, runs["stock (its defaults)"]["acceptance_length"] or 0)
-    print(f"\nK={cfg.train.speculative_tokens}, {cfg.train.epochs} epochs, draft vocab "
-          f"{cfg.train.draft_vocab_size}, seed {cfg.seed}; vLLM's counters on "
-          f"{cfg.validate.num_prompts or 'all'} held-out prompts x "
-          f"{cfg.validate.max_new_tokens} tokens")
-    print(f"{'draft':28} {'steps':>6} {'vLLM acc. len':>13} {'ratio':>6}  per position"
-          f"{'':14} train s")
+    print(
+        f"\nK={cfg.train.speculative_tokens}, {cfg.train.epochs} epochs, draft vocab "
+        f"{cfg.train.draft_vocab_size}, seed {cfg.seed}; vLLM's counters on "
+        f"{cfg.validate.num_prompts or 'all'} held-out prompts x "
+        f"{cfg.validate.max_new_tokens} tokens"
+    )
+    print(
+        f"{'draft':28} {'steps':>6} {'vLLM acc. len':>13} {'ratio':>6}  per position{'':14} train s"
+    )
     for name, r in runs.items():
         ratio = r["acceptance_length"] / base if base and r["acceptance_length"] else None
         per = " / ".join(f"{x:.3f}" for x in r["per_position_rate"])
-        print(f"{name:28} {_fmt(r['steps']):>6} {_fmt(r['acceptance_length']):>13} "
-              f"{_fmt(ratio):>6}  {per:26} {_fmt(r['train_s'], 0)}")
+        print(
+            f"{name:28} {_fmt(r['steps']):>6} {_fmt(r['acceptance_length']):>13} "
+            f"{_fmt(ratio):>6}  {per:26} {_fmt(r['train_s'], 0)}"
+        )
     print(f"wrote {out / 'recipe.json'}")
 
 

@@ -25,8 +25,9 @@ def _tokens(batches: list[dict[str, Any]]) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--steps", type=int, default=8, help="optimizer steps per trial")
     parser.add_argument("overrides", nargs="*")
@@ -44,15 +45,23 @@ def main() -> None:
     from eagle3_pipeline.train.plan import plan_training
     from eagle3_pipeline.train.prefetch import prefetch
 
-    cfg = load_config(["train.tokens_per_step=1024", "train.hidden_noise=0.05",
-                       *args.overrides])
+    cfg = load_config(["train.tokens_per_step=1024", "train.hidden_noise=0.05", *args.overrides])
     plan = plan_training(cfg)
     ours = DraftTrainer(cfg, plan, Dist(), progress=False)
     # speculators' stock path: its Trainer, and the draft with its own attention for the
     # device (sdpa: flex attention has no CPU backward; on CUDA both use flex attention)
-    stock = cfg if plan.runtime.device == "cuda" else load_config(
-        ["train.tokens_per_step=1024", "train.hidden_noise=0.05", *args.overrides,
-         "train.attn_implementation=sdpa"])
+    stock = (
+        cfg
+        if plan.runtime.device == "cuda"
+        else load_config(
+            [
+                "train.tokens_per_step=1024",
+                "train.hidden_noise=0.05",
+                *args.overrides,
+                "train.attn_implementation=sdpa",
+            ]
+        )
+    )
     other = DraftTrainer(stock, plan_training(stock), Dist(), progress=False)
     all_batches = ours.epoch_batches(ours.train_ds, 0)
     need = args.steps * args.trials + 1
@@ -62,18 +71,25 @@ def main() -> None:
     collate = loader.collate_fn
 
     def slice_loader(k: int) -> DataLoader:
-        idx = all_batches[1 + k * args.steps: 1 + (k + 1) * args.steps]
+        idx = all_batches[1 + k * args.steps : 1 + (k + 1) * args.steps]
         return DataLoader(ours.train_ds, batch_sampler=idx, collate_fn=collate, num_workers=0)
 
     with tempfile.TemporaryDirectory() as tmp:
         tcfg = TrainerConfig(
-            lr=cfg.train.lr, num_epochs=1, save_path=tmp, train_call_kwargs=ours.call_kwargs(),
-            val_call_kwargs=ours.call_kwargs(), weight_decay=cfg.train.weight_decay,
-            scheduler_type="cosine", scheduler_total_steps=need,
-            hidden_states_dtype=getattr(torch, plan.runtime.dtype), log_freq=10**9,
+            lr=cfg.train.lr,
+            num_epochs=1,
+            save_path=tmp,
+            train_call_kwargs=ours.call_kwargs(),
+            val_call_kwargs=ours.call_kwargs(),
+            weight_decay=cfg.train.weight_decay,
+            scheduler_type="cosine",
+            scheduler_total_steps=need,
+            hidden_states_dtype=getattr(torch, plan.runtime.dtype),
+            log_freq=10**9,
         )
-        theirs = speculators_trainer(other.model, tcfg, slice_loader(0), None,
-                                     device=str(other.device))
+        theirs = speculators_trainer(
+            other.model, tcfg, slice_loader(0), None, device=str(other.device)
+        )
         # warm-up: one step each (allocator, first-call overheads)
         first = DataLoader(ours.train_ds, batch_sampler=all_batches[:1], collate_fn=collate)
         for b in first:
@@ -87,6 +103,7 @@ def main() -> None:
         for k in range(args.trials):
             batches = list(slice_loader(k))  # the same tensors for both; noise is added per step
             tokens = _tokens(batches)
+
             def run_ours(k: int = k, tokens: float = tokens) -> None:
                 # the train stage's own path: batches prefetched by a thread, each step's
                 # figures read back once per train.log_every_steps window
@@ -104,14 +121,18 @@ def main() -> None:
 
             for fn in (run_ours, run_theirs) if k % 2 == 0 else (run_theirs, run_ours):
                 fn()
-            print(f"trial {k}: ours {ours_tps[-1]:,.0f} tok/s, speculators Trainer "
-                  f"{theirs_tps[-1]:,.0f} tok/s")
+            print(
+                f"trial {k}: ours {ours_tps[-1]:,.0f} tok/s, speculators Trainer "
+                f"{theirs_tps[-1]:,.0f} tok/s"
+            )
 
     mo, mt = statistics.median(ours_tps), statistics.median(theirs_tps)
-    print(f"device {plan.runtime.device}, dtype {plan.runtime.dtype}, attention {ours.attn} "
-          f"(speculators: {other.attn}), prefetch {ours.prefetch}, "
-          f"loss {ours.loss_impl}, {cfg.train.tokens_per_step} tokens/step, "
-          f"{args.steps} steps x {args.trials} trials, threads {torch.get_num_threads()}")
+    print(
+        f"device {plan.runtime.device}, dtype {plan.runtime.dtype}, attention {ours.attn} "
+        f"(speculators: {other.attn}), prefetch {ours.prefetch}, "
+        f"loss {ours.loss_impl}, {cfg.train.tokens_per_step} tokens/step, "
+        f"{args.steps} steps x {args.trials} trials, threads {torch.get_num_threads()}"
+    )
     print(f"median tokens/s: train stage {mo:,.0f}, speculators Trainer {mt:,.0f}")
     paired = statistics.median(o / t for o, t in zip(ours_tps, theirs_tps, strict=True))
     print(f"ratio of medians (train stage / speculators Trainer): {mo / mt:.3f}")

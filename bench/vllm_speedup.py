@@ -29,8 +29,9 @@ from pathlib import Path
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -50,8 +51,10 @@ def main() -> None:
     spec = load_target_spec(data / "target" / "target.json")
     draft = data / "draft"
     draft_cfg = json.loads((draft / "config.json").read_text(encoding="utf-8"))
-    k = cfg.validate.k or draft_cfg["speculators_config"]["proposal_methods"][0][
-        "speculative_tokens"]
+    k = (
+        cfg.validate.k
+        or draft_cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
+    )
     prompts = [p.prompt_ids for p in load_prompts(data / "heldout" / "prompts.jsonl")]
     prompts = prompts[: args.prompts]
     stops = stop_token_ids(spec.path)
@@ -60,11 +63,13 @@ def main() -> None:
     base = build_engine(cfg, spec, spec.path, "baseline", dtype="float32")
     engines = {
         "target": base,
-        "target + draft": build_engine(cfg, spec, spec.path, "validate", dtype="float32",
-                                       draft_dir=draft, k=k),
+        "target + draft": build_engine(
+            cfg, spec, spec.path, "validate", dtype="float32", draft_dir=draft, k=k
+        ),
         "target, MLA off": dataclasses.replace(base, env={**base.env, "VLLM_MLA_DISABLE": "1"}),
         "target, rotary op off": dataclasses.replace(
-            base, compilation_config={"custom_ops": ["-rotary_embedding"]}),
+            base, compilation_config={"custom_ops": ["-rotary_embedding"]}
+        ),
     }
     tps: dict[str, list[float]] = {name: [] for name in engines}
     ratio: dict[str, list[float]] = {name: [] for name in engines}
@@ -73,25 +78,40 @@ def main() -> None:
     for r in range(args.rounds):
         round_tps = {}
         for name, eng in engines.items():
-            res = run_offline(python, eng, prompts, args.max_tokens, stops,
-                              Path(cfg.vllm.log_dir) / "bench_vllm_speedup.log")
+            res = run_offline(
+                python,
+                eng,
+                prompts,
+                args.max_tokens,
+                stops,
+                Path(cfg.vllm.log_dir) / "bench_vllm_speedup.log",
+            )
             round_tps[name] = res["tokens_per_s"]
             loads[name].append(res["load_s"])
             outputs[name] = res["outputs"]
-            print(f"round {r + 1}: {name:<24} {res['tokens_per_s']:8.1f} tokens/s "
-                  f"(engine ready in {res['load_s']:.0f} s)", flush=True)
+            print(
+                f"round {r + 1}: {name:<24} {res['tokens_per_s']:8.1f} tokens/s "
+                f"(engine ready in {res['load_s']:.0f} s)",
+                flush=True,
+            )
         for name in engines:
             tps[name].append(round_tps[name])
             ratio[name].append(round_tps[name] / round_tps["target"])
 
-    print(f"\n{len(prompts)} prompts, at most {args.max_tokens} tokens each, K={k}, "
-          f"float32, {args.rounds} round(s), single stream")
-    print(f"{'engine':<24} {'tokens/s':>10} {'vs target':>10} {'ready (s)':>10} {'same output':>12}")
+    print(
+        f"\n{len(prompts)} prompts, at most {args.max_tokens} tokens each, K={k}, "
+        f"float32, {args.rounds} round(s), single stream"
+    )
+    print(
+        f"{'engine':<24} {'tokens/s':>10} {'vs target':>10} {'ready (s)':>10} {'same output':>12}"
+    )
     for name in engines:
         same = outputs[name] == outputs["target"]
-        print(f"{name:<24} {statistics.median(tps[name]):>10.1f} "
-              f"{statistics.median(ratio[name]):>9.2f}x {statistics.median(loads[name]):>10.1f} "
-              f"{str(same):>12}")
+        print(
+            f"{name:<24} {statistics.median(tps[name]):>10.1f} "
+            f"{statistics.median(ratio[name]):>9.2f}x {statistics.median(loads[name]):>10.1f} "
+            f"{str(same):>12}"
+        )
 
 
 if __name__ == "__main__":

@@ -1,15 +1,64 @@
-"""Shared fixtures. Expensive things (the tiny targets) are built once per session."""
+"""Shared fixtures and the test tiers. Expensive things (the tiny targets) are built once
+per session.
+
+Tiers (README): ``quick`` -- config, graph, validators, plan and data logic; no model is
+built or trained and no DVC command runs (enforced below: a quick test that starts ``dvc``
+fails). ``integration`` -- builds tiny targets, trains a few steps, runs DVC commands.
+``slow`` -- end to end: whole DVC graphs, real vLLM, the real model. A test is marked
+``integration`` or ``slow`` explicitly (or ``integration`` by using a fixture in
+:data:`MODEL_FIXTURES`); every other test is ``quick``.
+"""
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
+
+# Fixtures that build a tiny target: a test using one (directly or through another
+# fixture) is an integration test.
+MODEL_FIXTURES = frozenset(
+    {"tiny_target", "tiny_llama_target", "validate_workdir", "tiny_qwen3_moe"}
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("slow") or item.get_closest_marker("integration"):
+            continue
+        fixtures = set(getattr(item, "fixturenames", ()))
+        item.add_marker(pytest.mark.integration if fixtures & MODEL_FIXTURES else pytest.mark.quick)
+
+
+def _starts_dvc(args: object) -> bool:
+    argv = [str(a) for a in args] if isinstance(args, list | tuple) else str(args).split()
+    names = [Path(a).name for a in argv[:3]]
+    return bool(names) and (names[0] == "dvc" or names[1:3] == ["-m", "dvc"])
+
+
+@pytest.fixture(autouse=True)
+def _quick_tests_run_no_dvc(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The quick tier's promise, kept: a quick test that starts a DVC command fails."""
+    if request.node.get_closest_marker("quick") is None:
+        return
+    real = subprocess.Popen
+
+    class NoDvcPopen(real):  # type: ignore[misc,valid-type]
+        def __init__(self, args: object, *a: object, **kw: object) -> None:
+            if _starts_dvc(args):
+                raise AssertionError(f"a quick test ran DVC ({args}); mark it integration")
+            super().__init__(args, *a, **kw)
+
+    monkeypatch.setattr(subprocess, "Popen", NoDvcPopen)
+
 
 # reduced settings for fast tests: a few target steps is enough to exercise every path
 TINY_STEPS = 30

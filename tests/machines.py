@@ -8,7 +8,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from eagle3_pipeline.core.config import Config, load_config
-from eagle3_pipeline.preflight.gpu import GpuInfo, GpuProcess
+from eagle3_pipeline.core.gpu import GpuInfo, GpuProcess
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 BLACKWELL = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
@@ -49,7 +49,7 @@ def relocate(cfg: Config, root: Path) -> Config:
     for f in fields(cfg.paths):
         value = getattr(cfg.paths, f.name)
         if value == old or value.startswith(old + "/"):
-            setattr(cfg.paths, f.name, cfg.data_dir + value[len(old):])
+            setattr(cfg.paths, f.name, cfg.data_dir + value[len(old) :])
         else:
             setattr(cfg.paths, f.name, str(root / value))
     return cfg

@@ -65,8 +65,8 @@ def setup(tiny_target: Path, single_thread: None) -> Setup:
 def make_setup(workdir: Path) -> Setup:
     from transformers import AutoTokenizer
 
+    from eagle3_pipeline.core.corpus import builtin_conversations
     from eagle3_pipeline.data.conversations import render_ids
-    from eagle3_pipeline.data.corpus import builtin_conversations
     from eagle3_pipeline.targets.adapter import load_target_spec
     from eagle3_pipeline.validate.run import stop_token_ids
 
@@ -74,10 +74,14 @@ def make_setup(workdir: Path) -> Setup:
     spec = dataclasses.replace(spec, path=str(workdir / spec.path))
     tok = AutoTokenizer.from_pretrained(spec.path)
     convs = builtin_conversations(0)
-    prompts = [Prompt(str(i), render_ids(tok, c["messages"][:1], generation_prompt=True))
-               for i, c in enumerate(convs[:N_PROMPTS])]
-    train = [render_ids(tok, c["messages"][:2], generation_prompt=False)[:256]
-             for c in convs[N_PROMPTS : N_PROMPTS + 60]]
+    prompts = [
+        Prompt(str(i), render_ids(tok, c["messages"][:1], generation_prompt=True))
+        for i, c in enumerate(convs[:N_PROMPTS])
+    ]
+    train = [
+        render_ids(tok, c["messages"][:2], generation_prompt=False)[:256]
+        for c in convs[N_PROMPTS : N_PROMPTS + 60]
+    ]
     return Setup(spec, Target.load(spec), prompts, train, stop_token_ids(spec.path))
 
 
@@ -122,11 +126,14 @@ def train_draft(setup: Setup, steps: int) -> Any:
         h, ids, last = samples[rng.randrange(len(samples))]
         n = ids.shape[0]
         _, loss, _ = model(
-            hidden_states=h[None], input_ids=ids[None],
+            hidden_states=h[None],
+            input_ids=ids[None],
             document_ids=torch.zeros(1, n, dtype=torch.long),
             loss_mask=torch.ones(1, n, dtype=torch.long),
-            position_ids=torch.arange(1, n + 1)[None], verifier_last_hidden_states=last[None],
-            ttt_steps=K, loss_config=loss_config,
+            position_ids=torch.arange(1, n + 1)[None],
+            verifier_last_hidden_states=last[None],
+            ttt_steps=K,
+            loss_config=loss_config,
         )
         opt.zero_grad()
         loss.backward()
@@ -205,16 +212,20 @@ def test_inference_chain_equals_speculators_ttt_forward(setup: Setup, trained: A
     ids = torch.tensor([tokens[1:] + proposed[:-1]])
     hidden = torch.cat([aux[: n - 1], torch.zeros(K - 1, aux.shape[1])])[None]
     with torch.no_grad():
-        out = trained(hidden_states=hidden, input_ids=ids,
-                      document_ids=torch.zeros_like(ids), ttt_steps=K)
+        out = trained(
+            hidden_states=hidden, input_ids=ids, document_ids=torch.zeros_like(ids), ttt_steps=K
+        )
     assert [int(out[j][0, n - 2]) for j in range(K)] == t2d_ids
 
 
-@pytest.mark.parametrize("options", [
-    {"norm_before_fc": True, "norm_output": True},  # speculators' and our defaults
-    {"fc_norm": True, "norm_before_fc": False, "norm_output": False},
-    {"norm_before_fc": False, "norm_output": False},  # plain EAGLE-3
-])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"norm_before_fc": True, "norm_output": True},  # speculators' and our defaults
+        {"fc_norm": True, "norm_before_fc": False, "norm_output": False},
+        {"norm_before_fc": False, "norm_output": False},  # plain EAGLE-3
+    ],
+)
 def test_inference_chain_follows_the_eagle31_options(setup: Setup, options: dict) -> None:
     """With the EAGLE-3.1 norms (weights moved off their init of ones, so a skipped norm
     shows) our chained proposal is still speculators' own TTT forward."""
@@ -235,8 +246,9 @@ def test_inference_chain_follows_the_eagle31_options(setup: Setup, options: dict
     ids = torch.tensor([tokens[1:] + proposed[:-1]])
     hidden = torch.cat([aux[: n - 1], torch.zeros(K - 1, aux.shape[1])])[None]
     with torch.no_grad():
-        out = draft(hidden_states=hidden, input_ids=ids, document_ids=torch.zeros_like(ids),
-                    ttt_steps=K)
+        out = draft(
+            hidden_states=hidden, input_ids=ids, document_ids=torch.zeros_like(ids), ttt_steps=K
+        )
     assert [int(out[j][0, n - 2]) for j in range(K)] == draft_ids
 
 
@@ -253,8 +265,12 @@ def test_stops_at_end_of_turn(setup: Setup) -> None:
 
 def test_load_prompts_names_bad_rows(tmp_path: Path) -> None:
     path = tmp_path / "prompts.jsonl"
-    path.write_text(json.dumps({"id": "a", "prompt_ids": [1, 2]}) + "\n"
-                    + json.dumps({"id": "b", "prompt_ids": []}) + "\n")
+    path.write_text(
+        json.dumps({"id": "a", "prompt_ids": [1, 2]})
+        + "\n"
+        + json.dumps({"id": "b", "prompt_ids": []})
+        + "\n"
+    )
     with pytest.raises(ConfigError, match=r"prompts.jsonl:2: 'prompt_ids'"):
         load_prompts(path)
     path.write_text(json.dumps({"id": "a", "prompt_ids": [1, 9999]}) + "\n")
@@ -279,16 +295,18 @@ def _same_decoding(s: Setup, draft: Any, max_new: int) -> Any:
     return plain
 
 
-def test_kv_cache_evaluator_is_identical_on_tiny_kimi(setup: Setup, trained: Any,
-                                                      untrained: Any) -> None:
+def test_kv_cache_evaluator_is_identical_on_tiny_kimi(
+    setup: Setup, trained: Any, untrained: Any
+) -> None:
     r = _same_decoding(setup, trained, 48)
     assert r.accepted == K * r.steps  # every draft kept: the caches only grow
     r = _same_decoding(setup, untrained, 48)
     assert r.accepted == 0  # every draft rejected: the target's cache rolls back K each step
 
 
-def test_kv_cache_evaluator_is_identical_on_tiny_llama(tiny_llama_target: Path,
-                                                        single_thread: None) -> None:
+def test_kv_cache_evaluator_is_identical_on_tiny_llama(
+    tiny_llama_target: Path, single_thread: None
+) -> None:
     s = make_setup(tiny_llama_target)
     try:
         r = _same_decoding(s, train_draft(s, 60), 48)

@@ -37,11 +37,15 @@ stages:
 
 
 def _run(cwd: Path, *cmd: str) -> str:
-    env = {**os.environ, "DVC_NO_ANALYTICS": "1", "GIT_AUTHOR_NAME": "t",
-           "GIT_AUTHOR_EMAIL": "t@example.invalid", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@example.invalid"}  # fmt: skip
-    proc = subprocess.run(list(cmd), cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    env = {
+        **os.environ,
+        "DVC_NO_ANALYTICS": "1",
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.invalid",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.invalid",
+    }
+    proc = subprocess.run(list(cmd), cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"{cmd}: {proc.stdout[-2000:]} {proc.stderr[-2000:]}"
     return proc.stdout
 
@@ -52,7 +56,8 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "fake.py").write_text(STAGE)
     (root / "dvc.yaml").write_text(DVC_YAML)
     (root / "params.yaml").write_text(
-        "train:\n  samples: 24\n  lr: 0.001\npaths:\n  live: dvclive\n")
+        "train:\n  samples: 24\n  lr: 0.001\npaths:\n  live: dvclive\n"
+    )
     dvc = (sys.executable, "-m", "dvc")
     _run(root, "git", "init", "-q")
     _run(root, *dvc, "init", "-q")
@@ -60,11 +65,23 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _run(root, "git", "add", "-A")
     _run(root, "git", "commit", "-qm", "baseline")
     _run(root, *dvc, "exp", "run", "-q", "-S", "train.samples=1000", "--name", "more-samples")
-    _run(root, *dvc, "exp", "run", "-q", "-S", "train.samples=24", "-S", "train.lr=0.01",
-         "--name", "higher-lr")
+    _run(
+        root,
+        *dvc,
+        "exp",
+        "run",
+        "-q",
+        "-S",
+        "train.samples=24",
+        "-S",
+        "train.lr=0.01",
+        "--name",
+        "higher-lr",
+    )
     return root
 
 
+@pytest.mark.integration  # real `dvc exp run` experiments
 def test_every_experiment_with_the_params_that_differ(project: Path, capsys, tmp_path):
     out = tmp_path / "compare.png"
     assert main(["--repo", str(project), "--out", str(out)]) == 0
@@ -74,20 +91,28 @@ def test_every_experiment_with_the_params_that_differ(project: Path, capsys, tmp
     rows = {line.split()[0]: line.split() for line in text[2:-1]}
     # the baseline commit, and both experiments; values straight from their metrics files
     assert set(rows) == {"master", "more-samples", "higher-lr"} or set(rows) == {
-        "main", "more-samples", "higher-lr"}
+        "main",
+        "more-samples",
+        "higher-lr",
+    }
     assert rows["more-samples"][1:] == ["1000", "0.001", "2", "1.5", "4.001"]
     assert rows["higher-lr"][1:] == ["24", "0.01", "1.024", "1.012", "4.986"]
     assert out.read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.integration  # real `dvc exp run` experiments
 def test_the_figures_are_dvcs_own(project: Path):
     shown = json.loads(_run(project, sys.executable, "-m", "dvc", "exp", "show", "--json"))
     rows = experiments_from_json(shown)
     assert changed_params(rows) == ["train.samples", "train.lr"]
     by_name = {r.name: r for r in rows}
     assert by_name["more-samples"].figures == {
-        "acceptance length": 2.0, "vLLM speedup": 1.5, "val loss": pytest.approx(4.001),
-        "best K": None, "best-K speedup": None}  # run without validate.k_sweep
+        "acceptance length": 2.0,
+        "vLLM speedup": 1.5,
+        "val loss": pytest.approx(4.001),
+        "best K": None,
+        "best-K speedup": None,
+    }  # run without validate.k_sweep
 
 
 def test_nothing_validated_is_one_line(tmp_path, capsys):

@@ -144,8 +144,14 @@ def test_internals_used_by_the_strict_dataset_and_the_cpu_trainer() -> None:
     from speculators.train.recovery import SampleUnavailable
 
     params = inspect.signature(ArrowDataset.__init__).parameters
-    for name in ("datapath", "transfer", "on_missing", "train_ratio", "split",
-                 "hidden_states_dtype"):
+    for name in (
+        "datapath",
+        "transfer",
+        "on_missing",
+        "train_ratio",
+        "split",
+        "hidden_states_dtype",
+    ):
         assert name in params, f"ArrowDataset.__init__ lost parameter {name}"
     assert params["on_missing"].default == "generate", "on_missing default changed"
     assert hasattr(ArrowDataset, "_map_to_file_idx")
@@ -191,12 +197,16 @@ def test_strict_dataset_raises_where_speculators_returns_sample_unavailable(
     reason = "Cached token ids do not match sample 5"
     monkeypatch.setattr(ArrowDataset, "__init__", fake_init)
     monkeypatch.setattr(ArrowDataset, "_map_to_file_idx", lambda self, index: index + 1)
-    monkeypatch.setattr(ArrowDataset, "__getitem__",
-                        lambda self, index: SampleUnavailable(reason=reason))
+    monkeypatch.setattr(
+        ArrowDataset, "__getitem__", lambda self, index: SampleUnavailable(reason=reason)
+    )
     ds = strict_hidden_states_dataset(tmp_path, tmp_path, "train", 0.8, 64, torch.float32)
     assert isinstance(ds.transfer, FileTransfer)
-    with pytest.raises(ValueError, match=rf"hs_6\.safetensors: unusable for prepared row 6 "
-                                         rf"\({reason}\)"):
+    with pytest.raises(
+        ValueError,
+        match=rf"hs_6\.safetensors: unusable for prepared row 6 "
+        rf"\({reason}\)",
+    ):
         ds[5]
 
 
@@ -231,11 +241,20 @@ def test_stock_trainer_runs_a_step_on_cpu(saved) -> None:
         "error_records": 0,
     }
     before = model.fc.weight.detach().clone()
-    kwargs = {"ttt_steps": 2, "ttt_step_loss_decay": 1.0,
-              "loss_config": resolve_loss_config("kl_div", "eager")}
+    kwargs = {
+        "ttt_steps": 2,
+        "ttt_step_loss_decay": 1.0,
+        "loss_config": resolve_loss_config("kl_div", "eager"),
+    }
     with tempfile.TemporaryDirectory() as tmp:
-        tcfg = TrainerConfig(lr=1e-2, num_epochs=1, save_path=tmp, train_call_kwargs=kwargs,
-                             hidden_states_dtype=torch.float32, scheduler_type="none")
+        tcfg = TrainerConfig(
+            lr=1e-2,
+            num_epochs=1,
+            save_path=tmp,
+            train_call_kwargs=kwargs,
+            hidden_states_dtype=torch.float32,
+            scheduler_type="none",
+        )
         loader = DataLoader([batch], batch_size=None)
         trainer = speculators_trainer(model, tcfg, loader, None, device="cpu")
         trainer.train_epoch(0)
@@ -243,6 +262,7 @@ def test_stock_trainer_runs_a_step_on_cpu(saved) -> None:
     assert not torch.equal(before, model.fc.weight.detach())
 
 
+@pytest.mark.integration  # a real HTTP server and speculators' client
 def test_speculators_offline_client_sends_the_api_key(tmp_path: Path) -> None:
     """speculators' ``generate-offline-data`` hard-codes ``api_key="EMPTY"``; run through
     ``compat.offline_client`` it sends the per-run key from the environment instead. A real
@@ -276,16 +296,51 @@ def test_speculators_offline_client_sends_the_api_key(tmp_path: Path) -> None:
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     data = tmp_path / "prepared"
     Dataset.from_dict({"input_ids": [[1, 2, 3]], "loss_mask": [[0, 1, 1]]}).save_to_disk(data)
-    argv = ["generate-offline-data", "--endpoint", f"http://127.0.0.1:{httpd.server_port}/v1",
-            "--preprocessed-data", str(data), "--output", str(tmp_path / "hs")]
+    argv = [
+        "generate-offline-data",
+        "--endpoint",
+        f"http://127.0.0.1:{httpd.server_port}/v1",
+        "--preprocessed-data",
+        str(data),
+        "--output",
+        str(tmp_path / "hs"),
+    ]
     try:
         for key in ("run-key-123", None):
             env = {k: v for k, v in os.environ.items() if k != KEY_ENV}
             if key:
                 env[KEY_ENV] = key
-            out = subprocess.run([sys.executable, "-m", MODULE, *argv], env=env,
-                                 capture_output=True, text=True, timeout=300)
+            out = subprocess.run(
+                [sys.executable, "-m", MODULE, *argv],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
             assert out.returncode != 0 and "No models found" in out.stdout + out.stderr
     finally:
         httpd.shutdown()
     assert seen == ["Bearer run-key-123", "Bearer EMPTY"], seen
+
+
+def test_speculators_builds_every_draft_layer_type_we_offer() -> None:
+    """``draft.layers`` is the intersection of what speculators builds and vLLM serves:
+    fails when speculators drops a type (or maps it to another config class)."""
+    from speculators.train.cli import DRAFT_ARCH_CONFIGS
+
+    from eagle3_pipeline.draft.layers import DRAFT_LAYERS, config_class
+
+    for name, kind in DRAFT_LAYERS.items():
+        assert name in DRAFT_ARCH_CONFIGS, f"speculators no longer builds {name} drafts"
+        assert DRAFT_ARCH_CONFIGS[name] is config_class(kind), name
+
+
+def test_the_loss_names_the_schema_accepts_are_speculators_own() -> None:
+    """``core.choices.LossName`` (checked at compose) is what ``resolve_loss_config``
+    knows under both implementations; fails when speculators adds, drops or renames one."""
+    from speculators.losses.utils import _LOSS_FN_MAPS
+
+    from eagle3_pipeline.core.choices import LossName
+
+    for impl, names in _LOSS_FN_MAPS.items():
+        assert set(names) == {n.value for n in LossName}, impl

@@ -59,7 +59,6 @@ def test_real_target_profiles_name_hub_id_and_remote_code():
     assert kimi.model.hub_id == "moonshotai/Kimi-K2.5" and kimi.model.trust_remote_code
     hw = kimi.hardware
     assert (hw.gpu_count, hw.gpu_memory_mib, hw.min_compute_capability) == (8, 97887, 12.0)
-    assert hw.interconnect == "pcie"
     s = hw.serving
     assert s.tensor_parallel_size * s.pipeline_parallel_size * s.data_parallel_size == 8
     assert s.enable_expert_parallel
@@ -74,6 +73,26 @@ def test_real_target_profiles_name_hub_id_and_remote_code():
         (["hardware.device=tpu"], "hardware.device"),
         (["train.samples=0"], "train.samples"),
         (["model.tiny=null"], "model"),
+        # declared bounds (core.config.ranged), checked wherever the config is composed
+        (["validate.k=0"], "validate.k=0 must be >= 1 (or null)"),
+        (["validate.num_prompts=0"], "validate.num_prompts=0 must be >= 1 (or null)"),
+        (["validate.max_new_tokens=0"], "validate.max_new_tokens=0 must be >= 1"),
+        (["train.val_fraction=1.0"], "train.val_fraction=1.0 must be < 1"),
+        (["train.lr=0"], "train.lr=0.0 must be > 0"),
+        (
+            ["hardware.serving.gpu_memory_utilization=1.5"],
+            "hardware.serving.gpu_memory_utilization=1.5 must be <= 1",
+        ),
+        (["validate.server.port=70000"], "validate.server.port=70000 must be <= 65535"),
+        (["train.nproc=0"], "train.nproc=0 must be >= 1 (or null)"),
+        # cross-key rules
+        (["validate.k_sweep=[0,2]"], "validate.k_sweep"),
+        (["train.attn_implementation=simple_flex_attention"], "has no CPU backward"),
+        (["extract.rank=1"], "extract.rank=1 must be < extract.world_size=1"),
+        (["train.draft.fc_norm=true"], "exclusive"),
+        # train.loss: a speculators loss name, or a JSON dict of them to weights
+        (["train.loss=kld"], "train.loss='kld'"),
+        (['train.loss=\'{"ce": 0.1, "xx": 1}\''], "'xx'"),
     ],
 )
 def test_bad_config_is_refused_naming_the_key(overrides, needle):
@@ -81,6 +100,11 @@ def test_bad_config_is_refused_naming_the_key(overrides, needle):
         load_config(overrides, conf_dir=REPO / "conf")
     msg = str(err.value)
     assert needle in msg and "\n" not in msg
+
+
+def test_a_loss_mix_of_known_names_is_accepted():
+    cfg = load_config(['train.loss=\'{"ce": 0.1, "tv": 0.9}\''], conf_dir=REPO / "conf")
+    assert json.loads(cfg.train.loss) == {"ce": 0.1, "tv": 0.9}
 
 
 def test_params_file_with_unknown_key_is_refused(tmp_path):
@@ -94,9 +118,18 @@ def test_params_file_with_unknown_key_is_refused(tmp_path):
 
 def test_stage_cli_exits_2_with_one_line_on_a_typo(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "eagle3_pipeline.stages.target", "--conf-dir",
-         str(REPO / "conf"), "target.trian_steps=3"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "eagle3_pipeline.stages.target",
+            "--conf-dir",
+            str(REPO / "conf"),
+            "target.trian_steps=3",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 2
     assert "trian_steps" in proc.stderr
@@ -105,8 +138,15 @@ def test_stage_cli_exits_2_with_one_line_on_a_typo(tmp_path):
 
 def test_compose_check_detects_stale_params(tmp_path):
     out = tmp_path / "params.yaml"
-    cmd = [sys.executable, "-m", "eagle3_pipeline.core.compose", "--conf-dir", str(REPO / "conf"),
-           "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "eagle3_pipeline.core.compose",
+        "--conf-dir",
+        str(REPO / "conf"),
+        "--out",
+        str(out),
+    ]
     assert subprocess.run(cmd, capture_output=True, timeout=120).returncode == 0
     assert subprocess.run([*cmd, "--check"], capture_output=True, timeout=120).returncode == 0
     out.write_text(out.read_text().replace("samples: 240", "samples: 7"))
@@ -129,7 +169,7 @@ def test_compose_check_detects_stale_params(tmp_path):
         ("extract.on_mismatch=merge", "extract.on_mismatch"),
         ("data.regenerate_backend=openai", "data.regenerate_backend"),
         ("data.source=s3", "data.source"),
-        ("hardware.interconnect=infiniband", "hardware.interconnect"),
+        ("hardware.train_dtype=fp8", "hardware.train_dtype"),
         ("model.dtype=fp16", "model.dtype"),
         # a typo'd key, and the test-only switches that are no settings
         ("train.sampels=5", "train.sampels"),
@@ -161,8 +201,8 @@ def test_choices_read_and_write_as_plain_strings():
     assert f"{cfg.hardware.device}/{cfg.model.dtype}" == "cuda/bfloat16"
     assert str(cfg.train.parallel) == "auto" and {"auto": 1}[cfg.train.parallel] == 1
     text = json.dumps(asdict(cfg))
-    assert '"device": "cuda"' in text and '"interconnect": "pcie"' in text
-    assert "Device" not in text and "Interconnect" not in text
+    assert '"device": "cuda"' in text and '"train_dtype": "bfloat16"' in text
+    assert "Device" not in text and "Dtype" not in text
     assert "backend: hf" in compose_yaml(conf_dir=REPO / "conf")
 
 
@@ -207,6 +247,7 @@ def test_conf_states_no_schema_default():
     for path in sorted((REPO / "conf").glob("*/*.yaml")):
         group = path.parent.name
         values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        offenders += [f"{path.relative_to(REPO)}: {leaf}"
-                      for leaf in _restated(values, schema[group], group)]
+        offenders += [
+            f"{path.relative_to(REPO)}: {leaf}" for leaf in _restated(values, schema[group], group)
+        ]
     assert not offenders, "conf/ restates the schema's defaults:\n" + "\n".join(offenders)

@@ -132,9 +132,14 @@ def test_written_dataset_has_speculators_columns_and_dtypes(tok, eot, tmp_path):
     freq = write_prepared(out, tmp_path / "prepared")
     ds = load_from_disk(str(tmp_path / "prepared"))
     assert ds.column_names == ["input_ids", "loss_mask", "seq_len"] and len(ds) == 2
-    assert {k: str(v.feature.dtype if hasattr(v, "feature") else v.dtype) for k, v in ds.features.items()} == {
-        "input_ids": "int64", "loss_mask": "int64", "seq_len": "int64",
-    }  # fmt: skip
+    assert {
+        k: str(v.feature.dtype if hasattr(v, "feature") else v.dtype)
+        for k, v in ds.features.items()
+    } == {
+        "input_ids": "int64",
+        "loss_mask": "int64",
+        "seq_len": "int64",
+    }
     item = ds[1]  # torch format, as speculators' loader compares with torch.equal
     assert item["input_ids"].dtype == torch.int64 and item["loss_mask"].dtype == torch.int64
     assert item["input_ids"].tolist() == out[1]["input_ids"]
@@ -154,13 +159,22 @@ def test_sharegpt_and_openai_records_normalise_and_bad_ones_are_counted(caplog):
     assert [c["id"] for c in convs] == ["sg-1", "oa-1", "sg-2"]
     assert convs[0]["messages"][0] == {"role": "system", "content": "Be brief."}
     assert [m["role"] for m in convs[0]["messages"]] == [
-        "system", "user", "assistant", "user", "assistant"
-    ]  # fmt: skip
+        "system",
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+    ]
     assert convs[1]["messages"][1]["reasoning_content"] == "The user asks about dicts."
     assert dict(errors.counts) == {
-        "malformed_json": 1, "non_utf8": 1, "unknown_role": 1, "empty_conversation": 1,
-        "no_assistant_turn": 1, "non_string_content": 1, "blank_line": 1,
-    }  # fmt: skip
+        "malformed_json": 1,
+        "non_utf8": 1,
+        "unknown_role": 1,
+        "empty_conversation": 1,
+        "no_assistant_turn": 1,
+        "non_string_content": 1,
+        "blank_line": 1,
+    }
     assert n_in == 10  # every line, the blank one included
     text = caplog.text
     assert f"{FIXTURES / 'mixed.jsonl'}:3: malformed JSON" in text
@@ -174,10 +188,19 @@ def test_on_error_fail_reads_to_the_end_and_names_every_bad_line():
     data = DataConfig(source="file", path=str(FIXTURES / "mixed.jsonl"), on_error="fail")
     _, errors, _ = load_conversations(data, seed=0)  # reads everything, then decides
     assert [e.where.rsplit(":", 1)[1] for e in errors.entries] == [
-        "3", "4", "5", "6", "7", "8", "9"
-    ]  # fmt: skip
-    with pytest.raises(StageInputError, match=r"data: 7 bad records \(blank_line 1, .*\); "
-                       r"first: .*mixed\.jsonl:3: malformed JSON.*listed in r\.jsonl"):  # fmt: skip
+        "3",
+        "4",
+        "5",
+        "6",
+        "7",
+        "8",
+        "9",
+    ]
+    with pytest.raises(
+        StageInputError,
+        match=r"data: 7 bad records \(blank_line 1, .*\); "
+        r"first: .*mixed\.jsonl:3: malformed JSON.*listed in r\.jsonl",
+    ):
         errors.raise_if_failing(Path("r.jsonl"))
 
 
@@ -192,8 +215,10 @@ def test_json_document_and_missing_file():
 
 def test_lone_surrogate_text_is_refused_as_non_utf8(tmp_path):
     p = tmp_path / "s.jsonl"
-    p.write_text('{"messages": [{"role": "user", "content": "x\\ud800"}, '
-                 '{"role": "assistant", "content": "y"}]}\n')  # fmt: skip
+    p.write_text(
+        '{"messages": [{"role": "user", "content": "x\\ud800"}, '
+        '{"role": "assistant", "content": "y"}]}\n'
+    )
     _, errors, _ = load_conversations(DataConfig(source="file", path=str(p)), seed=0)
     assert dict(errors.counts) == {"non_utf8": 1}
 
@@ -243,7 +268,7 @@ def test_stage_outputs_heldout_stability_and_prefix_rows(workdir):
     m = prepare(_cfg(*base, "train.samples=30"), progress=False)
     rows_30 = load_from_disk(str(prepared_dir(_cfg()))).with_format(None)["input_ids"]
     assert heldout_path(_cfg()).read_bytes() == held_12  # byte-identical
-    assert rows_30[: len(rows_12)] == rows_12 and m["rows"] > len(rows_12)
+    assert rows_30[: len(rows_12)] == rows_12 and m.rows > len(rows_12)
 
     held = [json.loads(line) for line in held_12.decode().splitlines()]
     assert len(held) == 16 and len({h["id"] for h in held}) == 16
@@ -264,7 +289,10 @@ def test_stage_bad_input_fails_with_one_line_and_leaves_nothing(workdir, capsys)
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error: prepare:") and "mixed.jsonl:3: malformed JSON" in err
     assert "7 bad records" in err and "data/bad_lines.jsonl" in err
-    assert not (workdir / "data/prepared").exists() and not (workdir / "metrics/details/prepare.json").exists()
+    assert (
+        not (workdir / "data/prepared").exists()
+        and not (workdir / "metrics/details/prepare.json").exists()
+    )
     report = [json.loads(x) for x in (workdir / "data/bad_lines.jsonl").read_text().splitlines()]
     assert [r["where"] for r in report] == [f"{src}:{i}" for i in range(3, 10)]
 
@@ -285,21 +313,28 @@ def test_every_bad_line_is_in_the_report_not_only_the_first_five(workdir, tmp_pa
     non-UTF-8 and blank ones too), the log names five and says where the rest are."""
     from eagle3_pipeline.stages.prepare import main
 
-    good = json.dumps({"messages": [{"role": "user", "content": "q"},
-                                     {"role": "assistant", "content": "a"}]}).encode()  # fmt: skip
-    lines = [good] * 4 + [b"{broken"] * 6 + [b"", b'{"messages": [{"role": "user", '
-                                               b'"content": "caf\xe9"}]}', good]  # fmt: skip
+    good = json.dumps(
+        {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+    ).encode()
+    lines = (
+        [good] * 4
+        + [b"{broken"] * 6
+        + [b"", b'{"messages": [{"role": "user", "content": "caf\xe9"}]}', good]
+    )
     p = tmp_path / "many.jsonl"
     p.write_bytes(b"\n".join(lines) + b"\n")
     main(["data.source=file", f"data.path={p}", "data.regenerate=false", "data.heldout_size=1"])
     report = [json.loads(x) for x in (workdir / "data/bad_lines.jsonl").read_text().splitlines()]
     assert [(r["where"], r["reason"]) for r in report] == [
         *[(f"{p}:{i}", "malformed_json") for i in range(5, 11)],
-        (f"{p}:11", "blank_line"), (f"{p}:12", "non_utf8"),
-    ]  # fmt: skip
+        (f"{p}:11", "blank_line"),
+        (f"{p}:12", "non_utf8"),
+    ]
     assert sum("skipped:" in r.message for r in caplog.records) == 5
-    assert "8 bad records (blank_line 1, malformed_json 6, non_utf8 1); every one is listed" \
+    assert (
+        "8 bad records (blank_line 1, malformed_json 6, non_utf8 1); every one is listed"
         in caplog.text
+    )
 
 
 def test_an_empty_data_file_is_one_clear_line(workdir, tmp_path, capsys):
@@ -313,5 +348,4 @@ def test_an_empty_data_file_is_one_clear_line(workdir, tmp_path, capsys):
         assert exc.value.code == 1
         err = capsys.readouterr().err.strip().splitlines()[-1]
         assert str(p) in err and "({})" not in err
-        assert ("no conversation in it (empty)" if not content else "none of its 2 records") \
-            in err
+        assert ("no conversation in it (empty)" if not content else "none of its 2 records") in err

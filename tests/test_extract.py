@@ -19,6 +19,7 @@ from eagle3_pipeline.extract import vllm_backend as V
 from eagle3_pipeline.extract.batch_plan import plan_batches, rank_batches
 from eagle3_pipeline.extract.hf_backend import extract_hf
 from eagle3_pipeline.extract.layout import TMP_GLOB
+from eagle3_pipeline.extract.record import ExtractRecord
 from eagle3_pipeline.extract.rows import load_rows
 from eagle3_pipeline.extract.writer import save_hidden_states
 from eagle3_pipeline.serving.server import VllmServer
@@ -36,7 +37,7 @@ def make_rows(workdir: Path, n: int, max_len: int = ROW_TOKENS, offset: int = 0)
     from datasets import Dataset
     from transformers import AutoTokenizer
 
-    from eagle3_pipeline.data.corpus import builtin_conversations
+    from eagle3_pipeline.core.corpus import builtin_conversations
 
     tok = AutoTokenizer.from_pretrained(workdir / "data/target/model")
     convs = builtin_conversations(0)[offset : offset + n]
@@ -77,7 +78,7 @@ def config(workdir: Path, *overrides: str, model: str = "tiny_kimi_k25"):
         os.chdir(old)
 
 
-def extract(workdir: Path, *overrides: str, model: str = "tiny_kimi_k25") -> dict:
+def extract(workdir: Path, *overrides: str, model: str = "tiny_kimi_k25") -> ExtractRecord:
     cfg = config(workdir, *overrides, model=model)
     old = os.getcwd()
     os.chdir(workdir)
@@ -158,14 +159,24 @@ def _check_files_against_full_model(wd: Path, spec) -> None:
 def test_kimi_aux_states_and_final_state_reproduce_the_target(kimi_run):
     wd, metrics = kimi_run
     spec = load_target_spec(wd / "data/target/target.json")
-    assert spec.nested and metrics["samples_written"] == 8 and metrics["batches_skipped"] == 0
+    assert spec.nested and metrics.samples_written == 8 and metrics.batches_skipped == 0
     _check_files_against_full_model(wd, spec)
     manifest = json.loads((wd / "data/hidden_states/manifest.json").read_text())
     assert manifest["layers"]["aux_layer_ids"] == spec.aux_layer_ids
     assert manifest["samples"]["count"] == 8 and manifest["dtype"] == "float32"
-    for key in ("samples", "tokens", "tokens_per_s", "wall_s", "bytes_written",
-                "bytes_per_token", "peak_rss_bytes", "backend", "aux_layer_ids", "hardware"):
-        assert key in metrics
+    for key in (
+        "samples",
+        "tokens",
+        "tokens_per_s",
+        "wall_s",
+        "bytes_written",
+        "bytes_per_token",
+        "peak_rss_bytes",
+        "backend",
+        "aux_layer_ids",
+        "hardware",
+    ):
+        assert key in metrics.to_dict()
 
 
 def test_llama_aux_states_and_final_state_reproduce_the_target(tiny_llama_target, tmp_path):
@@ -190,8 +201,10 @@ def test_speculators_loader_reads_every_file(kimi_run):
 
     wd, _ = kimi_run
     ds = ArrowDataset(
-        max_len=512, datapath=str(wd / "data/prepared"),
-        transfer=FileTransfer(wd / "data/hidden_states"), on_missing="raise",
+        max_len=512,
+        datapath=str(wd / "data/prepared"),
+        transfer=FileTransfer(wd / "data/hidden_states"),
+        on_missing="raise",
         hidden_states_dtype=torch.float32,
     )
     spec = load_target_spec(wd / "data/target/target.json")
@@ -219,9 +232,21 @@ def test_fault_kills_mid_run_and_the_rerun_matches_an_uninterrupted_run(
     wd = workdir_for(tiny_target, tmp_path)
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "EAGLE3_FAULT_EXTRACT_FAIL_AFTER": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "eagle3_pipeline.stages.extract", "--conf-dir", str(REPO / "conf"),
-         "extract.batch_tokens=96", "extract.fsync=false", "extract.dtype=float32"],
-        cwd=wd, env=env, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "eagle3_pipeline.stages.extract",
+            "--conf-dir",
+            str(REPO / "conf"),
+            "extract.batch_tokens=96",
+            "extract.fsync=false",
+            "extract.dtype=float32",
+        ],
+        cwd=wd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == FAULT_EXIT_CODE, proc.stderr[-2000:]
     out = wd / "data/hidden_states"
@@ -231,8 +256,8 @@ def test_fault_kills_mid_run_and_the_rerun_matches_an_uninterrupted_run(
     assert list(out.glob(TMP_GLOB)), "the fault leaves a file cut mid-write"
     assert len(list(out.glob("hs_*.safetensors"))) < 8
     metrics = extract(wd, "extract.dtype=float32")
-    assert metrics["batches_skipped"] == 1
-    assert metrics["batches_computed"] == ref_metrics["batches_computed"] - 1
+    assert metrics.batches_skipped == 1
+    assert metrics.batches_computed == ref_metrics.batches_computed - 1
     assert {i: (out / f"hs_{i}.safetensors").stat().st_ino for i in plan[0]} == first
     assert not list(out.glob(TMP_GLOB))
     for i in range(8):
@@ -242,20 +267,20 @@ def test_fault_kills_mid_run_and_the_rerun_matches_an_uninterrupted_run(
         ref / "data/hidden_states/manifest.json"
     ).read_bytes()
     again = extract(wd, "extract.dtype=float32")
-    assert again["batches_computed"] == 0 and again["samples_written"] == 0
+    assert again.batches_computed == 0 and again.samples_written == 0
 
 
 def test_growing_and_shrinking_the_rows_extracts_only_new_rows(tiny_target, tmp_path):
     wd = workdir_for(tiny_target, tmp_path, n=4)
-    assert extract(wd)["samples_written"] == 4
+    assert extract(wd).samples_written == 4
     out = wd / "data/hidden_states"
     inodes = {i: (out / f"hs_{i}.safetensors").stat().st_ino for i in range(4)}
     make_rows(wd, 7)  # rows 0..3 unchanged, 3 appended
     grown = extract(wd)
-    assert grown["samples_written"] == 3 and grown["samples_reused"] == 4
+    assert grown.samples_written == 3 and grown.samples_reused == 4
     assert {i: (out / f"hs_{i}.safetensors").stat().st_ino for i in range(4)} == inodes
     make_rows(wd, 4)  # back to 4: everything reused
-    assert extract(wd)["samples_written"] == 0
+    assert extract(wd).samples_written == 0
     make_rows(wd, 5, offset=10)  # other rows: refused, never mixed
     with pytest.raises(StageError, match="never mixed"):
         extract(wd, "extract.on_mismatch=refuse")
@@ -263,15 +288,15 @@ def test_growing_and_shrinking_the_rows_extracts_only_new_rows(tiny_target, tmp_
         make_rows(wd, 4)
         extract(wd, "extract.dtype=float32", "extract.on_mismatch=refuse")
     restarted = extract(wd, "extract.dtype=float32", "extract.on_mismatch=restart")
-    assert restarted["samples_written"] == 4
+    assert restarted.samples_written == 4
 
 
 def test_rank_split_covers_every_row_once(tiny_target, tmp_path):
     wd = workdir_for(tiny_target, tmp_path, n=6)
     a = extract(wd, "extract.world_size=2", "extract.rank=0")
     b = extract(wd, "extract.world_size=2", "extract.rank=1")
-    assert a["samples_written"] + b["samples_written"] == 6
-    assert a["batches_rank"] + b["batches_rank"] == a["batches_total"]
+    assert a.samples_written + b.samples_written == 6
+    assert a.batches_rank + b.batches_rank == a.batches_total
     assert sorted(p.name for p in (wd / "data/hidden_states").glob("hs_*")) == sorted(
         f"hs_{i}.safetensors" for i in range(6)
     )
@@ -305,8 +330,9 @@ def test_rows_from_another_tokenizer_are_refused(tiny_target, tmp_path):
     import shutil
 
     shutil.rmtree(wd / "data/prepared")
-    Dataset.from_dict({"input_ids": [[1, 2, 3], [5, 99999]], "loss_mask": [[1] * 3, [1] * 2],
-                       "seq_len": [3, 2]}).save_to_disk(str(wd / "data/prepared"))
+    Dataset.from_dict(
+        {"input_ids": [[1, 2, 3], [5, 99999]], "loss_mask": [[1] * 3, [1] * 2], "seq_len": [3, 2]}
+    ).save_to_disk(str(wd / "data/prepared"))
     with pytest.raises(StageError, match="row 1: token id 99999 outside"):
         extract(wd)
     assert _nothing_written(wd)
@@ -372,8 +398,13 @@ def test_vllm_client_command(tiny_target):
     client = V.client_command(cfg, spec, Path("/d/prepared"), Path("/d/hs"))
     # speculators' client, run through the shim that makes it send the server's API key
     assert client[1:4] == ["-m", "eagle3_pipeline.compat.offline_client", "generate-offline-data"]
-    for flag, value in (("--preprocessed-data", "/d/prepared"), ("--output", "/d/hs"),
-                        ("--model", spec.name), ("--rank", "0"), ("--world-size", "1")):
+    for flag, value in (
+        ("--preprocessed-data", "/d/prepared"),
+        ("--output", "/d/hs"),
+        ("--model", spec.name),
+        ("--rank", "0"),
+        ("--world-size", "1"),
+    ):
         assert client[client.index(flag) + 1] == value
     assert "--fail-on-error" in client and "--validate-outputs" in client
     assert V._rank_rows(10, 0, 3) == [0, 1, 2, 3] and V._rank_rows(10, 2, 3) == [7, 8, 9]
@@ -400,18 +431,28 @@ def _free_port() -> int:
 def test_server_is_shut_down_on_error_and_ctrl_c(tmp_path):
     for exc in (RuntimeError("boom"), KeyboardInterrupt()):
         port = _free_port()
-        server = VllmServer([sys.executable, "-c", FAKE_SERVER, str(port)], port,
-                            tmp_path / "server.log", startup_timeout_s=60, shutdown_timeout_s=5,
-                            timeout_key="extract.vllm.startup_timeout_s")
+        server = VllmServer(
+            [sys.executable, "-c", FAKE_SERVER, str(port)],
+            port,
+            tmp_path / "server.log",
+            startup_timeout_s=60,
+            shutdown_timeout_s=5,
+            timeout_key="extract.vllm.startup_timeout_s",
+        )
         with pytest.raises(type(exc)):
             with server:
                 proc = server.proc
                 assert proc is not None and proc.poll() is None
                 raise exc
         assert proc.poll() is not None and server.proc is None
-    dead = VllmServer([sys.executable, "-c", "import sys; print('no gpu'); sys.exit(3)"],
-                      _free_port(), tmp_path / "dead.log", 60, 5,
-                      timeout_key="extract.vllm.startup_timeout_s")
+    dead = VllmServer(
+        [sys.executable, "-c", "import sys; print('no gpu'); sys.exit(3)"],
+        _free_port(),
+        tmp_path / "dead.log",
+        60,
+        5,
+        timeout_key="extract.vllm.startup_timeout_s",
+    )
     with pytest.raises(StageError, match=r"exited with 3.*: no gpu \(log .*dead.log\)"):
         with dead:
             pass
@@ -432,8 +473,12 @@ def test_vllm_files_are_validated_and_converted(kimi_run, tmp_path):
     assert load_file(out / "hs_0.safetensors")["hidden_states"].dtype == torch.float32
     bad = torch.tensor(rows_of(wd)[1])
     bad[0] += 1
-    save_hidden_states(out / "hs_1.safetensors", bad,
-                         torch.zeros(len(bad), n_layers, spec.hidden_size), fsync=False)
+    save_hidden_states(
+        out / "hs_1.safetensors",
+        bad,
+        torch.zeros(len(bad), n_layers, spec.hidden_size),
+        fsync=False,
+    )
     with pytest.raises(StageError, match="hs_1.safetensors: token_ids differ"):
         V.validate_and_convert(rows, out, [0, 1], n_layers, spec.hidden_size, "float32")
     assert not (out / "hs_1.safetensors").exists()

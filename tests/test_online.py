@@ -24,10 +24,21 @@ import pytest
 from eagle3_pipeline.core.config import ConfigError, load_config
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = ["data.regenerate=false", "data.max_seq_len=128", "data.heldout_size=4",
-        "train.samples=30", "extract.fsync=false", "extract.dtype=float32"]
-TRAIN = ["train.epochs=2", "train.tokens_per_step=512", "train.draft_vocab_size=512",
-         "train.val_fraction=0.2", "train.checkpoint_every_steps=1000"]
+DATA = [
+    "data.regenerate=false",
+    "data.max_seq_len=128",
+    "data.heldout_size=4",
+    "train.samples=30",
+    "extract.fsync=false",
+    "extract.dtype=float32",
+]
+TRAIN = [
+    "train.epochs=2",
+    "train.tokens_per_step=512",
+    "train.draft_vocab_size=512",
+    "train.val_fraction=0.2",
+    "train.checkpoint_every_steps=1000",
+]
 
 
 def _free_port() -> int:
@@ -38,8 +49,12 @@ def _free_port() -> int:
 
 def _run(work: Path, module: str, *overrides: str) -> None:
     """A stage as DVC runs it: its own process, in ``work``."""
-    proc = subprocess.run([sys.executable, "-m", f"eagle3_pipeline.stages.{module}",
-                           *overrides], cwd=work, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", f"eagle3_pipeline.stages.{module}", *overrides],
+        cwd=work,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 
@@ -55,8 +70,14 @@ def offline_work(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory) ->
     shutil.copytree(tiny_target, work, symlinks=True)
     port = _free_port()
     _run(work, "prepare", *DATA)
-    _run(work, "extract", *DATA, "extract.backend=vllm", f"extract.server.port={port}",
-         "extract.server.concurrency=4")
+    _run(
+        work,
+        "extract",
+        *DATA,
+        "extract.backend=vllm",
+        f"extract.server.port={port}",
+        "extract.server.concurrency=4",
+    )
     return work
 
 
@@ -89,8 +110,9 @@ def test_online_extract_writes_only_the_manifest(tiny_target: Path, tmp_path: Pa
         assert len(list(hs.glob("hs_*.safetensors"))) > 0
         before = sorted(p.name for p in hs.iterdir())
         # a row vLLM could not take is refused before anything is touched
-        short = load_config([*DATA, "train.samples=12", "extract.mode=online",
-                             "hardware.serving.max_model_len=16"])
+        short = load_config(
+            [*DATA, "train.samples=12", "extract.mode=online", "hardware.serving.max_model_len=16"]
+        )
         with pytest.raises(ConfigError, match="does not fit vLLM's max_model_len 16"):
             extract.run(short)
         assert sorted(p.name for p in hs.iterdir()) == before
@@ -102,8 +124,10 @@ def test_online_extract_writes_only_the_manifest(tiny_target: Path, tmp_path: Pa
         assert manifest["dtype"] == "float32"
         eng = manifest["online"]["engine"]
         assert eng["speculative_config"]["method"] == "extract_hidden_states"
-        assert eng["kv_transfer_config"]["kv_connector_extra_config"][
-            "shared_storage_path"] == "${staging}"
+        assert (
+            eng["kv_transfer_config"]["kv_connector_extra_config"]["shared_storage_path"]
+            == "${staging}"
+        )
         details = json.loads((work / "metrics/details/extract.json").read_text())
         assert details["mode"] == "online" and details["samples_written"] == 0
         assert details["offline_files_removed"] > 0
@@ -161,11 +185,18 @@ def _group_alive(pgid: int) -> bool:
 
 @pytest.mark.slow
 def test_online_training_equals_offline_and_resumes_after_kill_9(
-        offline_work: Path, tmp_path: Path) -> None:
+    offline_work: Path, tmp_path: Path
+) -> None:
     online = _copy(offline_work, tmp_path / "online")
     port = _free_port()
-    _run(online, "extract", *DATA, "extract.mode=online", f"extract.server.port={port}",
-         "extract.server.concurrency=4")
+    _run(
+        online,
+        "extract",
+        *DATA,
+        "extract.mode=online",
+        f"extract.server.port={port}",
+        "extract.server.concurrency=4",
+    )
     assert sorted(p.name for p in (online / "data/hidden_states").iterdir()) == ["manifest.json"]
     offline = _copy(offline_work, tmp_path / "offline")
     _run(offline, "train", *DATA, *TRAIN)
@@ -182,8 +213,15 @@ def test_online_training_equals_offline_and_resumes_after_kill_9(
     assert not list(Path(os.environ.get("TMPDIR", "/tmp")).glob("eagle3-online-*"))
     # the drafts' acceptance, by our evaluator on the held-out prompts
     for work in (offline, online):
-        _run(work, "validate", *DATA, *TRAIN, "validate.vllm=false", "validate.num_prompts=4",
-             "validate.max_new_tokens=32")
+        _run(
+            work,
+            "validate",
+            *DATA,
+            *TRAIN,
+            "validate.vllm=false",
+            "validate.num_prompts=4",
+            "validate.max_new_tokens=32",
+        )
     va = json.loads((offline / "metrics/details/validate.json").read_text())
     vb = json.loads((online / "metrics/details/validate.json").read_text())
     assert abs(va["acceptance_length"] - vb["acceptance_length"]) <= 0.05, (va, vb)
@@ -192,9 +230,13 @@ def test_online_training_equals_offline_and_resumes_after_kill_9(
     shutil.rmtree(online / "data/train_state")
     shutil.rmtree(online / "data/draft")
     args = [*DATA, *TRAIN, "train.epochs=3", "train.checkpoint_every_steps=2"]
-    stage = subprocess.Popen([sys.executable, "-m", "eagle3_pipeline.stages.train", *args],
-                             cwd=online, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                             text=True)
+    stage = subprocess.Popen(
+        [sys.executable, "-m", "eagle3_pipeline.stages.train", *args],
+        cwd=online,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     state = online / "data/train_state/state.json"
     deadline = time.monotonic() + 600
     while not (state.is_file() and json.loads(state.read_text())["global_step"] >= 2):
@@ -216,8 +258,12 @@ def test_online_training_equals_offline_and_resumes_after_kill_9(
     _run(online, "train", *args)
     m = json.loads((online / "metrics/details/train.json").read_text())
     assert m["resumed"] and m["steps_this_run"] == m["steps"] - saved
-    assert [int(r.split("\t")[0]) for r in (online / "dvclive/train/plots/metrics/train/"
-            "loss.tsv").read_text().splitlines()[1:]] == list(range(1, m["steps"] + 1))
+    assert [
+        int(r.split("\t")[0])
+        for r in (online / "dvclive/train/plots/metrics/train/loss.tsv")
+        .read_text()
+        .splitlines()[1:]
+    ] == list(range(1, m["steps"] + 1))
 
 
 def _port_free(port: int) -> bool:

@@ -24,8 +24,7 @@ def _masks(lengths: list[int], pad: int, steps: int) -> list[torch.Tensor]:
     )
     from torch.nn.attention.flex_attention import create_mask
 
-    doc = torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)]
-                    + [torch.full((pad,), -1)])
+    doc = torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)] + [torch.full((pad,), -1)])
     n = doc.numel()
     mask = create_mask(create_combined_mask_mod(doc, n), 1, 1, n, n, device="cpu")
     out = [mask]
@@ -51,8 +50,9 @@ def test_same_outputs_and_gradients_as_sdpa(step: int) -> None:
     results = []
     for fn in (sdpa_attention_forward, sdpa_packed_forward):
         out, _ = fn(layer, q, k, v, mask, dropout=0.0, scaling=0.25)
-        grads = torch.autograd.grad((out * torch.linspace(-1, 1, out.numel()).view_as(out))
-                                    .sum(), (q, k, v))
+        grads = torch.autograd.grad(
+            (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum(), (q, k, v)
+        )
         results.append((out.detach(), grads))
     (a, ga), (b, gb) = results
     assert a.shape == b.shape == (1, n, 4, 16)

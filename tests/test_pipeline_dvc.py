@@ -87,10 +87,16 @@ def _merge(dst: dict, src: dict) -> None:
 def repo_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A git repository holding the project's files and the reduced configuration."""
     dst = tmp_path_factory.mktemp("repo")
-    files = subprocess.run(
-        ["git", "ls-files", "-co", "--exclude-standard", "-z"],
-        cwd=REPO, capture_output=True, check=True,
-    ).stdout.decode().split("\0")
+    files = (
+        subprocess.run(
+            ["git", "ls-files", "-co", "--exclude-standard", "-z"],
+            cwd=REPO,
+            capture_output=True,
+            check=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for rel in filter(None, files):
         src = REPO / rel
         if src.is_file():
@@ -127,8 +133,9 @@ def test_repro_end_to_end_then_cached_then_train_only_change(repo_copy: Path):
     validate = json.loads((repo_copy / "metrics/details/validate.json").read_text())
     # dvclive's summaries carry the stages' figures unchanged
     summary = json.loads((repo_copy / headline["validate"]).read_text())
-    assert summary == {key: validate[key]
-                       for key in ("acceptance_length", "vllm_speedup", "lossless")}
+    assert summary == {
+        key: validate[key] for key in ("acceptance_length", "vllm_speedup", "lossless")
+    }
     trained = json.loads((repo_copy / "metrics/details/train.json").read_text())
     summary = json.loads((repo_copy / headline["train"]).read_text())
     assert summary["val"]["loss"] == trained["val_loss"] and summary["step"] == trained["steps"]
@@ -141,13 +148,22 @@ def test_repro_end_to_end_then_cached_then_train_only_change(repo_copy: Path):
     # the trained draft in real vLLM: its counters give our figure, and it is lossless
     tol = yaml.safe_load((repo_copy / "params.yaml").read_text())["validate"]["vllm_agreement_tol"]
     assert validate["vllm_acceptance_length"] == pytest.approx(
-        validate["vllm_style_acceptance_length"], abs=tol)
+        validate["vllm_style_acceptance_length"], abs=tol
+    )
     assert validate["vllm_lossless"] is True and validate["vllm_speedup"] > 0
     assert json.loads((repo_copy / "metrics/details/preflight.json").read_text())["passed"] is True
 
     # the plan's storage estimate matches what extract wrote (within 10%)
-    _run(repo_copy, sys.executable, "-m", "eagle3_pipeline.plan.plan", "--params", "params.yaml",
-         "--out", str(repo_copy / "plan_out"))
+    _run(
+        repo_copy,
+        sys.executable,
+        "-m",
+        "eagle3_pipeline.plan.plan",
+        "--params",
+        "params.yaml",
+        "--out",
+        str(repo_copy / "plan_out"),
+    )
     plan = json.loads((repo_copy / "plan_out/plan.json").read_text())
     written = json.loads((repo_copy / "metrics/details/extract.json").read_text())["bytes_written"]
     estimate = plan["storage"]["total_bytes"]
@@ -195,18 +211,33 @@ def test_repro_end_to_end_then_cached_then_train_only_change(repo_copy: Path):
     page = (repo_copy / "plots_diff/index.html").read_text()
     assert "cdn.jsdelivr.net" not in page and "vega-embed 6.29.0" in page
     assert baseline[:7] in page and "workspace" in page and "train_loss_tsv" in page
-    compare = _run(repo_copy, sys.executable, "-m", "eagle3_pipeline.experiments.compare",
-                   "-A", "--out", "compare.png").stdout.splitlines()
+    compare = _run(
+        repo_copy,
+        sys.executable,
+        "-m",
+        "eagle3_pipeline.experiments.compare",
+        "-A",
+        "--out",
+        "compare.png",
+    ).stdout.splitlines()
     assert compare[0].split()[:3] == ["experiment", "train.samples", "train.lr"], compare
     rows = [line.split() for line in compare[2:-1]]
     # (each -S composes conf/ afresh: the samples experiment runs with the default lr)
-    assert {(r[1], r[2]) for r in rows} >= {("24", "0.003"), ("24", "0.002"), (str(samples), "0.003")}
+    assert {(r[1], r[2]) for r in rows} >= {
+        ("24", "0.003"),
+        ("24", "0.002"),
+        (str(samples), "0.003"),
+    }
     assert (repo_copy / "compare.png").read_bytes()[:4] == b"\x89PNG"
 
     # a typo in -S is refused by the schema before any stage runs
     bad = subprocess.run(
         [sys.executable, "-m", "dvc", "exp", "run", "-S", "train.sampels=5"],
-        cwd=repo_copy, env=_env(), capture_output=True, text=True, timeout=600,
+        cwd=repo_copy,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert bad.returncode != 0 and "sampels" in (bad.stdout + bad.stderr)
     assert _lock(repo_copy) == lock3
@@ -215,8 +246,16 @@ def test_repro_end_to_end_then_cached_then_train_only_change(repo_copy: Path):
     # input changed) and validate; target and prepare do not. Nothing is stored.
     _run(repo_copy, "git", "add", "-A")
     _run(repo_copy, "git", "commit", "-qm", "samples run")
-    online = _dvc(repo_copy, "exp", "run", "-S", f"train.samples={samples}",
-                  "-S", "extract.mode=online", *NO_VLLM)
+    online = _dvc(
+        repo_copy,
+        "exp",
+        "run",
+        "-S",
+        f"train.samples={samples}",
+        "-S",
+        "extract.mode=online",
+        *NO_VLLM,
+    )
     lock5 = _lock(repo_copy)
     assert _changed(lock3, lock5) - {"preflight"} == {"extract", "train", "validate"}
     for stage in ("target", "prepare"):
@@ -247,7 +286,8 @@ def test_tiny_llama_runs_the_whole_graph(repo_copy: Path):
     # a plain Llama target + draft in vLLM too: no MLA, so no workaround
     tol = yaml.safe_load((repo_copy / "params.yaml").read_text())["validate"]["vllm_agreement_tol"]
     assert validate["vllm_acceptance_length"] == pytest.approx(
-        validate["vllm_style_acceptance_length"], abs=tol)
+        validate["vllm_style_acceptance_length"], abs=tol
+    )
     assert "VLLM_MLA_DISABLE" not in validate["vllm"]["workarounds"]["with_draft"]["env"]
 
 
@@ -272,9 +312,14 @@ def test_a_damaged_hidden_state_file_is_refused_restored_and_repaired(repo_copy:
     _run(repo_copy, "git", "commit", "-qm", "before damage", "--allow-empty")
     _dvc(repo_copy, "exp", "run", "-S", "extract.mode=offline", *NO_VLLM)
     hs = repo_copy / "data/hidden_states/hs_1.safetensors"
-    kept = {p: (repo_copy / p).read_bytes()
-            for p in ("metrics/details/train.json", "dvclive/train/metrics.json",
-                      "data/draft/model.safetensors")}
+    kept = {
+        p: (repo_copy / p).read_bytes()
+        for p in (
+            "metrics/details/train.json",
+            "dvclive/train/metrics.json",
+            "data/draft/model.safetensors",
+        )
+    }
 
     def damage() -> None:
         os.chmod(hs, 0o644)  # DVC leaves links read-only; root writes anyway
@@ -285,8 +330,14 @@ def test_a_damaged_hidden_state_file_is_refused_restored_and_repaired(repo_copy:
             return fh.get_tensor("hidden_states").shape[0] > 0
 
     damage()
-    proc = subprocess.run([sys.executable, "-m", "dvc", "repro", "-s", "train"], cwd=repo_copy,
-                          env=_env(), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "dvc", "repro", "-s", "train"],
+        cwd=repo_copy,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode != 0
     line = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: train:")]
     assert len(line) == 1 and "hs_1.safetensors" in line[0] and "dvc repro extract" in line[0]
@@ -295,7 +346,8 @@ def test_a_damaged_hidden_state_file_is_refused_restored_and_repaired(repo_copy:
         assert (repo_copy / rel).read_bytes() == kept[rel], rel
     _dvc(repo_copy, "checkout", "train")
     assert (repo_copy / "data/draft/model.safetensors").read_bytes() == kept[
-        "data/draft/model.safetensors"]
+        "data/draft/model.safetensors"
+    ]
 
     out = _dvc(repo_copy, "repro").stdout
     assert "Running stage 'extract'" in out and "Running stage 'train'" not in out

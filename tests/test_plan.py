@@ -11,11 +11,13 @@ from pathlib import Path
 
 import pytest
 from machines import cfg_for
+from record_samples import extract_record, prepare_record, train_record
 
 from eagle3_pipeline.core.config import Config, ConfigError
+from eagle3_pipeline.core.gpu import MemoryReader
 from eagle3_pipeline.core.metrics import details_path
+from eagle3_pipeline.core.records import Record
 from eagle3_pipeline.plan import plan, resources, target_info, weights
-from eagle3_pipeline.preflight.gpu import MemoryReader
 from eagle3_pipeline.preflight.hardware import TorchView
 from eagle3_pipeline.preflight.run import run_preflight
 
@@ -23,15 +25,19 @@ REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
 FIXTURE = REPO / "tests" / "fixtures" / "kimi_k25"
 # a hub dataset is not counted ahead, so these estimates scale with train.samples
-KIMI = ("model=kimi_k25", "hardware=rtx_pro_6000_x8", f"model.path={FIXTURE}",
-        "data.source=hf", "data.path=org/chat-set")  # fmt: skip
+KIMI = (
+    "model=kimi_k25",
+    "hardware=rtx_pro_6000_x8",
+    f"model.path={FIXTURE}",
+    "data.source=hf",
+    "data.path=org/chat-set",
+)
 PLENTY = 10**15
 
 
-def write_metrics(cfg: Config, stage: str, data: dict) -> None:
-    p = details_path(cfg, stage)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(data))
+def write_metrics(cfg: Config, record: Record) -> None:
+    """An earlier run's details, as its stage writes them."""
+    record.write(details_path(cfg, record.STAGE))
 
 
 # --------------------------------------------------------------------------- storage
@@ -50,18 +56,18 @@ def test_kimi_bytes_per_token_three_aux_plus_final_bf16(tmp_path):
 
 def test_measured_tokens_per_row_replace_the_upper_bound(tmp_path):
     cfg = cfg_for(tmp_path, *KIMI, "train.samples=1000")
-    write_metrics(
-        cfg, "prepare", {"mean_tokens_per_row": 2048, "rows": 500, "conversations_train": 250}
-    )
+    write_metrics(cfg, prepare_record(mean_tokens_per_row=2048, rows=500, conversations_train=250))
     s = resources.estimate_storage(cfg, target_info.load_target(cfg.model))
     assert not s.upper_bound and s.basis.startswith("measured")
     assert s.rows_per_conversation == 2.0
     assert s.total_tokens == 1000 * 2048 * 2
     # 1000 samples of 2k tokens is about 115 GB (here 2 rows per conversation)
     assert s.total_bytes == 1000 * 2048 * 2 * (57_344 + 8)
-    write_metrics(cfg, "prepare", {"mean_tokens_per_row": 2048})
+    # one row per conversation
+    write_metrics(cfg, prepare_record(mean_tokens_per_row=2048, rows=250, conversations_train=250))
     assert (
-        resources.estimate_storage(cfg, target_info.load_target(cfg.model)).total_tokens == 2_048_000
+        resources.estimate_storage(cfg, target_info.load_target(cfg.model)).total_tokens
+        == 2_048_000
     )
 
 
@@ -71,9 +77,16 @@ def test_the_estimate_is_bounded_by_the_data_actually_selected(tmp_path):
     data = tmp_path / "nine.jsonl"
     line = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
     data.write_text("".join(json.dumps(line) + "\n" for _ in range(9)) + "\n")
-    cfg = cfg_for(tmp_path, "model=kimi_k25", "hardware=rtx_pro_6000_x8", f"model.path={FIXTURE}",
-                  "data.source=file", f"data.path={data}", "data.heldout_size=2",
-                  "train.samples=100000")  # fmt: skip
+    cfg = cfg_for(
+        tmp_path,
+        "model=kimi_k25",
+        "hardware=rtx_pro_6000_x8",
+        f"model.path={FIXTURE}",
+        "data.source=file",
+        f"data.path={data}",
+        "data.heldout_size=2",
+        "train.samples=100000",
+    )
     target = target_info.load_target(cfg.model)
     s = resources.estimate_storage(cfg, target)
     assert s.samples == 7 and s.total_tokens == 7 * cfg.data.max_seq_len
@@ -82,8 +95,9 @@ def test_the_estimate_is_bounded_by_the_data_actually_selected(tmp_path):
     assert need.hidden_states_bytes == 7 * 512 * (57_344 + 8) < 10**9
     # the builtin corpus is counted too; a JSON document by its list
     builtin = cfg_for(tmp_path, "train.samples=100000")
-    assert resources.estimate_storage(
-        builtin, target_info.load_target(builtin.model)).samples < 1000  # fmt: skip
+    assert (
+        resources.estimate_storage(builtin, target_info.load_target(builtin.model)).samples < 1000
+    )
     doc = tmp_path / "three.json"
     doc.write_text(json.dumps({"data": [line, line, line]}))
     cfg.data.path = str(doc)
@@ -194,13 +208,16 @@ def test_time_assumptions_and_measured_replacement(tmp_path):
     cfg = cfg_for(tmp_path, *KIMI, "train.samples=1000", "train.epochs=10")
     s = resources.estimate_storage(cfg, target_info.load_target(cfg.model))
     ext, trn = resources.estimate_time(cfg, s)
-    # the seed workflow: 10 epochs over 1,000 samples at ~6 steps/s is ~28 minutes
+    # the profile's assumption: 10 epochs over 1,000 samples at 6 conversations/s, ~28 min
     assert trn.seconds == pytest.approx(10 * 1000 / 6.0) and trn.source.startswith("assumption")
     assert ext.seconds == pytest.approx(s.total_tokens / 2900.0)
     # the train stage measures tokens/s: 10 conversations/s worth of tokens
     tokens_per_s = 10.0 * s.tokens_per_conversation
-    write_metrics(cfg, "train", {"tokens_per_s": tokens_per_s, "hardware": "rtx_pro_6000_x8"})
-    write_metrics(cfg, "extract", {"tokens_per_s": 5000.0, "hardware": "cpu"})
+    write_metrics(
+        cfg,
+        train_record(tokens_per_s=tokens_per_s, hardware="rtx_pro_6000_x8", model=cfg.model.name),
+    )
+    write_metrics(cfg, extract_record(tokens_per_s=5000.0, hardware="cpu", target=cfg.model.name))
     ext, trn = resources.estimate_time(cfg, s)
     assert trn.seconds == pytest.approx(1000.0) and trn.source.startswith("measured")
     assert ext.source.startswith("assumption")  # measured on another profile: ignored
@@ -258,7 +275,7 @@ def test_plan_and_preflight_share_the_disk_estimate(tmp_path):
         free_fn=lambda _: PLENTY,
         versions={},
     )
-    assert pf.metrics["disk"]["need_bytes"] == p.data["storage"]["disk"]["need_bytes"]
+    assert pf.metrics.disk["need_bytes"] == p.data["storage"]["disk"]["need_bytes"]
 
 
 def test_cli_kimi_plan_prints_and_writes(tmp_path):

@@ -13,7 +13,7 @@ import pytest
 from machines import BLACKWELL, cfg_for, rtx
 
 from eagle3_pipeline.core.config import Config
-from eagle3_pipeline.preflight.gpu import (
+from eagle3_pipeline.core.gpu import (
     GpuInfo,
     GpuProcess,
     MemoryReader,
@@ -40,8 +40,9 @@ def vllm_build(cpu: bool):
     from eagle3_pipeline.serving.env import VllmProbe
 
     version = "0.32.0+cpu" if cpu else "0.33.0"
-    return lambda cfg: VllmProbe(python="/venv/bin/python", version=version, cpu_build=cpu,
-                                 cli_version=version)
+    return lambda cfg: VllmProbe(
+        python="/venv/bin/python", version=version, cpu_build=cpu, cli_version=version
+    )
 
 
 def run(cfg: Config, gpus: list[GpuInfo], env: dict[str, str] | None = None, **kw):
@@ -78,8 +79,8 @@ def test_eight_idle_blackwells_pass(tmp_path):
         ],
     }
     m = res.metrics
-    assert m["passed"] is True and m["gpu_count_visible"] == 8
-    assert m["gpus"][3]["uuid"].startswith("GPU-03") and m["snapshot"]["mode"] == "cuda"
+    assert m.passed is True and m.gpu_count_visible == 8
+    assert m.gpus[3]["uuid"].startswith("GPU-03") and m.snapshot["mode"] == "cuda"
     table = render_preflight(res)
     assert "preflight passed" in table and "97,887 MiB" in table
 
@@ -106,7 +107,7 @@ def test_busy_gpu_with_a_foreign_process_fails_with_an_actionable_line(tmp_path)
             "GPU 3: 41,210 MiB used by pid 8812 (python): stop it or set CUDA_VISIBLE_DEVICES"
         ]
     }
-    assert res.metrics["passed"] is False and res.metrics["failures"] == 1
+    assert res.metrics.passed is False and res.metrics.failures == 1
     assert "FAIL: GPU 3: 41,210 MiB used by pid 8812 (python)" in render_preflight(res)
 
 
@@ -198,8 +199,8 @@ def test_visible_subset_by_index_avoids_a_busy_gpu(tmp_path):
     assert "gpu_idle" in failed(run(cfg, gpus, env={"CUDA_VISIBLE_DEVICES": "0,1"}))
     res = run(cfg, gpus, env={"CUDA_VISIBLE_DEVICES": "6,7"})
     assert failed(res) == {}
-    assert [g["index"] for g in res.metrics["gpus"]] == [6, 7]
-    assert res.metrics["cuda_visible_devices"] == "6,7"
+    assert [g["index"] for g in res.metrics.gpus] == [6, 7]
+    assert res.metrics.cuda_visible_devices == "6,7"
 
 
 def test_visible_subset_by_uuid_names_the_cuda_ordinal(tmp_path):
@@ -212,7 +213,7 @@ def test_visible_subset_by_uuid_names_the_cuda_ordinal(tmp_path):
         "CUDA_VISIBLE_DEVICES"
     ]
     res = run(cfg, gpus, env={"CUDA_VISIBLE_DEVICES": gpus[4].uuid})
-    assert failed(res) == {} and res.metrics["gpus"][0]["index"] == 4
+    assert failed(res) == {} and res.metrics.gpus[0]["index"] == 4
 
 
 def test_bad_cuda_visible_devices_is_a_failed_check(tmp_path):
@@ -256,17 +257,22 @@ def test_packages_missing_or_out_of_range(tmp_path):
 
 
 def test_disk_too_small(tmp_path):
-    cfg = cfg_for(tmp_path, "hardware=rtx_pro_6000_x8", "train.samples=100000",
-                  "data.source=hf", "data.path=org/big-chat-set")  # not counted: 100,000  # fmt: skip
+    cfg = cfg_for(
+        tmp_path,
+        "hardware=rtx_pro_6000_x8",
+        "train.samples=100000",
+        "data.source=hf",
+        "data.path=org/big-chat-set",
+    )  # not counted: 100,000
     res = run(cfg, [rtx(i) for i in range(8)], free_fn=lambda p: 40 * 10**9)
     (line,) = failed(res)["disk"]
     # tiny target, bf16: 4 x 128 x 2 B + 8 B token id per token, 512 tokens x 100,000
     hidden = 100_000 * 512 * (4 * 128 * 2 + 8)
     assert line.startswith(f"need 53.8 GB free under {cfg.data_dir}/, have 40.0 GB"), line
     assert f"hidden states {hidden / 1e9:.1f} GB upper bound" in line
-    assert res.metrics["disk"]["fits"] is False
-    assert res.metrics["disk"]["hidden_states_bytes"] == hidden
-    assert res.metrics["disk"]["bytes_per_token"] == 4 * 128 * 2
+    assert res.metrics.disk["fits"] is False
+    assert res.metrics.disk["hidden_states_bytes"] == hidden
+    assert res.metrics.disk["bytes_per_token"] == 4 * 128 * 2
 
 
 def test_a_target_that_cannot_be_found_is_the_failed_check(tmp_path, monkeypatch):
@@ -293,16 +299,24 @@ def test_cpu_mode_passes_for_the_cpu_profile(tmp_path):
     )
     assert res.passed and res.mode == "cpu" and res.inventory == {"mode": "cpu"}
     # the real vLLM environment, probed: the CPU build, its CLI answering
-    assert [c.name for c in res.checks] == ["target", "data", "driver", "packages", "disk", "vllm",
-                                            "vllm_attention"]
-    assert res.metrics["vllm"]["cpu_build"] is True and res.metrics["vllm"]["cli_version"]
+    assert [c.name for c in res.checks] == [
+        "target",
+        "data",
+        "driver",
+        "packages",
+        "disk",
+        "vllm",
+        "vllm_attention",
+    ]
+    assert res.metrics.vllm["cpu_build"] is True and res.metrics.vllm["cli_version"]
     # vLLM's own selector was asked about the draft's attention (the MLA target's is not)
     assert "head_dim=32" in res.checks[-1].reading and "CPU_ATTN" in res.checks[-1].reading
 
 
 @pytest.mark.slow
-def test_a_head_size_vllm_refuses_is_refused_by_preflight_in_one_line(tmp_path, monkeypatch,
-                                                                      capsys):
+def test_a_head_size_vllm_refuses_is_refused_by_preflight_in_one_line(
+    tmp_path, monkeypatch, capsys
+):
     """A tiny Llama with 8 heads of 16 (vLLM's CPU attention takes 32, 64, ...): what
     used to fail at validate after training is refused before the target is built, with
     vLLM's own list (asked of the installed vLLM, not copied)."""
@@ -328,7 +342,11 @@ def test_a_head_size_vllm_refuses_is_refused_by_preflight_in_one_line(tmp_path, 
 def test_cpu_mode_fails_when_the_profile_expects_gpus(tmp_path):
     cfg = cfg_for(tmp_path, "hardware=rtx_pro_6000_x8")
     res = run_preflight(
-        cfg, env={}, open_nvml=_no_driver, free_fn=lambda p: PLENTY, versions=VERSIONS,
+        cfg,
+        env={},
+        open_nvml=_no_driver,
+        free_fn=lambda p: PLENTY,
+        versions=VERSIONS,
         vllm_probe=vllm_build(cpu=False),
     )
     assert failed(res) == {
@@ -360,15 +378,23 @@ def _has_driver() -> bool:
 def test_vllm_environment_missing_or_of_the_wrong_build(tmp_path):
     from eagle3_pipeline.serving.env import VllmProbe
 
-    missing = run(cfg_for(tmp_path, "hardware=h200_x1"), [h200(0)], vllm_probe=lambda cfg: VllmProbe(
-        python="None", error="no vLLM environment: /x/.venv-vllm does not exist"))
+    missing = run(
+        cfg_for(tmp_path, "hardware=h200_x1"),
+        [h200(0)],
+        vllm_probe=lambda cfg: VllmProbe(
+            python="None", error="no vLLM environment: /x/.venv-vllm does not exist"
+        ),
+    )
     (line,) = failed(missing)["vllm"]
     assert "eagle3-vllm-env install" in line and "validate.vllm=false" in line
     wrong = run(cfg_for(tmp_path, "hardware=h200_x1"), [h200(0)], vllm_probe=vllm_build(cpu=True))
     (line,) = failed(wrong)["vllm"]
     assert "CPU build" in line and "needs the CUDA build" in line and "--device cuda" in line
-    skipped = run(cfg_for(tmp_path, "hardware=h200_x1", "validate.vllm=false"), [h200(0)],
-                  vllm_probe=vllm_build(cpu=True))
+    skipped = run(
+        cfg_for(tmp_path, "hardware=h200_x1", "validate.vllm=false"),
+        [h200(0)],
+        vllm_probe=vllm_build(cpu=True),
+    )
     assert "vllm" not in [c.name for c in skipped.checks]
 
 
@@ -405,4 +431,3 @@ def test_stage_help():
         check=True,
     )
     assert "preflight" in out.stdout and "--params" in out.stdout
-

@@ -63,11 +63,14 @@ REDUCED = [
 def _run(cwd: Path, *cmd: str, timeout: int = 1800) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    proc = subprocess.run(list(cmd), cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    proc = subprocess.run(
+        list(cmd), cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
     if proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n"
-                             f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+        raise AssertionError(
+            f"{' '.join(cmd)} failed ({proc.returncode}):\n"
+            f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+        )
     return proc
 
 
@@ -76,8 +79,14 @@ def real_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """A repository copy that ran ``dvc repro`` on the reduced real-model config."""
     gguf = gguf_file()
     root = repo_copy(tmp_path_factory.mktemp("real"))
-    _run(root, sys.executable, "-m", "eagle3_pipeline.core.compose", *REDUCED,
-         f"model.gguf.path={gguf}")
+    _run(
+        root,
+        sys.executable,
+        "-m",
+        "eagle3_pipeline.core.compose",
+        *REDUCED,
+        f"model.gguf.path={gguf}",
+    )
     _run(root, "git", "add", "-A")
     _run(root, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "real")
     out = _run(root, sys.executable, "-m", "dvc", "repro").stdout
@@ -96,13 +105,13 @@ def test_real_model_runs_the_graph_and_vllm_agrees_with_us(real_run):
     # vLLM loaded the draft and its spec-decode counters give our figure, per position too
     tol = yaml.safe_load((root / "params.yaml").read_text())["validate"]["vllm_agreement_tol"]
     assert v["checkpoint_ok"] is True
-    assert v["vllm_acceptance_length"] == pytest.approx(v["vllm_style_acceptance_length"],
-                                                        abs=tol)
+    assert v["vllm_acceptance_length"] == pytest.approx(v["vllm_style_acceptance_length"], abs=tol)
     assert v["vllm_per_position_rate"] == pytest.approx(v["per_position_rate"], abs=tol)
     assert v["vllm_lossless"] is True and v["lossless"] is True
     # the speedup is what the two measured rates give, each from its own vLLM engine
     assert v["vllm_speedup"] == pytest.approx(
-        v["vllm_tokens_per_s_with_draft"] / v["vllm_tokens_per_s_without_draft"])
+        v["vllm_tokens_per_s_with_draft"] / v["vllm_tokens_per_s_without_draft"]
+    )
     assert v["prompts"] == 4
 
 
@@ -110,8 +119,10 @@ def test_the_gguf_became_a_plain_tied_checkpoint(real_run):
     root, _ = real_run
     model = root / "data/target/model"
     source = json.loads((model / "gguf_source.json").read_text())
-    assert source["sha256"] == yaml.safe_load(
-        (root / "params.yaml").read_text())["model"]["gguf"]["sha256"]
+    assert (
+        source["sha256"]
+        == yaml.safe_load((root / "params.yaml").read_text())["model"]["gguf"]["sha256"]
+    )
     assert source["max_logit_diff"] <= 1e-4 and source["versions"]["transformers"]
     config = json.loads((model / "config.json").read_text())
     assert "quantization_config" not in config and config["tie_word_embeddings"] is True
@@ -147,10 +158,10 @@ def test_system_prompt_and_end_of_turn_as_the_target_serves_them(real_run):
         ids, mask = row["input_ids"].tolist(), row["loss_mask"].tolist()
         assert tok.decode(ids[:30]).startswith(f"<|im_start|>system\n{SYSTEM_PROMPT}")
         first = mask.index(1)
-        assert ids[first - 4:first] == opener
+        assert ids[first - 4 : first] == opener
         if im_end in ids[first:]:  # a finished turn: supervised through <|im_end|>
             end = ids.index(im_end, first)
-            assert mask[end] == 1 and all(m == 0 for m in mask[end + 1:])
+            assert mask[end] == 1 and all(m == 0 for m in mask[end + 1 :])
     held = [json.loads(line) for line in (root / "data/heldout/prompts.jsonl").open()]
     for h in held:
         assert tok.decode(h["prompt_ids"]).startswith(f"<|im_start|>system\n{SYSTEM_PROMPT}")
@@ -164,8 +175,13 @@ def test_system_prompt_and_end_of_turn_as_the_target_serves_them(real_run):
 
     eot = end_of_turn_ids(tok, root / "data/target/model")
     assert eot == [im_end]
-    conv = {"id": "c", "messages": [{"role": "user", "content": "Say hi."},
-                                    {"role": "assistant", "content": "Hi!"}]}
+    conv = {
+        "id": "c",
+        "messages": [
+            {"role": "user", "content": "Say hi."},
+            {"role": "assistant", "content": "Hi!"},
+        ],
+    }
     (row,), errors = recorded_rows(conv, tok, eot, "keep")
     assert not errors and row.completion[-1] == im_end
     assert tok.decode(row.completion) == "Hi!<|im_end|>"

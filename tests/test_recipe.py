@@ -44,7 +44,8 @@ def test_muon_puts_each_parameter_where_speculators_does_and_learns():
     assert isinstance(muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
     theirs_muon, _ = split_named_params_for_muon(model)
     assert {id(p) for g in muon.param_groups for p in g["params"]} == {
-        id(p) for _, p in theirs_muon}
+        id(p) for _, p in theirs_muon
+    }
     assert {id(p) for _, p in theirs_muon} == {id(model.fc.weight), id(model.mlp.weight)}
     x = torch.randn(16, 8)
     before = _loss(model, x).item()
@@ -78,8 +79,11 @@ def test_optimizer_group_state_round_trip_resumes_identically():
     run(a, *build_optimizer(a, t, 6), 6)
     opt_b, sched_b = build_optimizer(b, t, 6)
     run(b, opt_b, sched_b, 3)
-    saved = (opt_b.state_dict(), sched_b.state_dict(), {k: v.clone() for k, v in
-                                                         b.state_dict().items()})
+    saved = (
+        opt_b.state_dict(),
+        sched_b.state_dict(),
+        {k: v.clone() for k, v in b.state_dict().items()},
+    )
     c = Tiny()
     c.load_state_dict(saved[2])
     opt_c, sched_c = build_optimizer(c, t, 6)
@@ -94,12 +98,15 @@ def test_optimizer_group_state_round_trip_resumes_identically():
 
 
 def test_eagle31_switches_are_schema_keys_and_exclusive_ones_fail_at_compose():
-    cfg = load_config(["train.optimizer=muon", "train.draft.norm_before_fc=true",
-                       "train.draft.norm_output=true"], conf_dir=REPO / "conf")
+    cfg = load_config(
+        ["train.optimizer=muon", "train.draft.norm_before_fc=true", "train.draft.norm_output=true"],
+        conf_dir=REPO / "conf",
+    )
     assert cfg.train.optimizer == "muon" and cfg.train.draft.norm_before_fc
     with pytest.raises(ConfigError, match="norm_before_fc and train.draft.fc_norm"):
-        load_config(["train.draft.norm_before_fc=true", "train.draft.fc_norm=true"],
-                    conf_dir=REPO / "conf")
+        load_config(
+            ["train.draft.norm_before_fc=true", "train.draft.fc_norm=true"], conf_dir=REPO / "conf"
+        )
     with pytest.raises(ConfigError, match="optimizer"):
         load_config(["train.optimizer=sgd"], conf_dir=REPO / "conf")
 
@@ -115,14 +122,26 @@ def test_k_sweep_reports_each_k_against_the_same_baseline_and_the_best():
     from eagle3_pipeline.validate.vllm import k_sweep_figures
 
     def run(tps: float, drafts: int, accepted: list[int], outputs: list[list[int]]) -> dict:
-        return {"tokens_per_s": tps, "outputs": outputs,
-                "counters": {"drafts": drafts, "draft_tokens": drafts * len(accepted),
-                             "accepted": sum(accepted), "accepted_per_pos": accepted}}
+        return {
+            "tokens_per_s": tps,
+            "outputs": outputs,
+            "counters": {
+                "drafts": drafts,
+                "draft_tokens": drafts * len(accepted),
+                "accepted": sum(accepted),
+                "accepted_per_pos": accepted,
+            },
+        }
 
     plain = {"tokens_per_s": 10.0, "outputs": [[1, 2, 3]]}
-    out = k_sweep_figures({1: run(14.0, 100, [60], [[1, 2, 3]]),
-                           2: run(16.0, 80, [60, 40], [[1, 2, 3]]),
-                           3: run(15.0, 70, [60, 40, 20], [[1, 2, 4]])}, plain)
+    out = k_sweep_figures(
+        {
+            1: run(14.0, 100, [60], [[1, 2, 3]]),
+            2: run(16.0, 80, [60, 40], [[1, 2, 3]]),
+            3: run(15.0, 70, [60, 40, 20], [[1, 2, 4]]),
+        },
+        plain,
+    )
     assert [r["k"] for r in out["k_sweep"]] == [1, 2, 3]
     assert [r["speedup"] for r in out["k_sweep"]] == pytest.approx([1.4, 1.6, 1.5])
     assert out["k_sweep"][1]["acceptance_length"] == pytest.approx(1 + 100 / 80)
@@ -138,16 +157,24 @@ def test_an_option_the_installed_vllm_does_not_read_is_refused_at_preflight():
     from eagle3_pipeline.preflight.software import check_vllm
     from eagle3_pipeline.serving.env import VllmProbe
 
-    cfg = load_config(["train.draft.norm_before_fc=true", "train.draft.norm_output=true"],
-                      conf_dir=REPO / "conf")
-    old = VllmProbe(python="py", version="0.30.0+cpu", cpu_build=True,
-                    eagle3_options=["norm_before_fc"])
+    cfg = load_config(
+        ["train.draft.norm_before_fc=true", "train.draft.norm_output=true"], conf_dir=REPO / "conf"
+    )
+    old = VllmProbe(
+        python="py", version="0.30.0+cpu", cpu_build=True, eagle3_options=["norm_before_fc"]
+    )
     check = check_vllm(cfg, old)
     assert not check.passed and len(check.problems) == 1
     assert check.problems[0].startswith("train.draft.norm_output=true: vLLM 0.30.0+cpu")
-    new = VllmProbe(python="py", version="0.32.0+cpu", cpu_build=True,
-                    eagle3_options=["norm_before_fc", "fc_norm", "norm_output"])
+    new = VllmProbe(
+        python="py",
+        version="0.32.0+cpu",
+        cpu_build=True,
+        eagle3_options=["norm_before_fc", "fc_norm", "norm_output"],
+    )
     assert check_vllm(cfg, new).passed
-    plain = load_config(["train.draft.norm_before_fc=false", "train.draft.norm_output=false"],
-                        conf_dir=REPO / "conf")
+    plain = load_config(
+        ["train.draft.norm_before_fc=false", "train.draft.norm_output=false"],
+        conf_dir=REPO / "conf",
+    )
     assert check_vllm(plain, old).passed  # none asked

@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
+from eagle3_pipeline.core.corpus import builtin_conversations
+from eagle3_pipeline.core.errors import ConfigError
 from eagle3_pipeline.data.conversations import end_of_turn_ids, load_tokenizer, render_ids
-from eagle3_pipeline.data.corpus import builtin_conversations
 from eagle3_pipeline.data.regenerate import (
     Generation,
     GenerationCache,
@@ -27,10 +28,11 @@ from eagle3_pipeline.data.regenerate import (
 from eagle3_pipeline.data.regenerate_hf import HFBackend
 from eagle3_pipeline.data.regenerate_server import ServerBackend, ServerUnavailable
 from eagle3_pipeline.serving.identity import ExpectedModel, ServerIdentityError, expected_model
-from eagle3_pipeline.targets.tiny import load_target_model
+from eagle3_pipeline.targets.tiny import REASONING_MARKERS, load_target_model
 
 REPO = Path(__file__).resolve().parents[1]
 MAX_NEW = 24
+THINK = REASONING_MARKERS  # the tiny target's (its chat format's) reasoning markers
 
 
 @pytest.fixture(scope="module")
@@ -60,9 +62,11 @@ def _direct_greedy(model, ids: list[int], eot: list[int]) -> list[int]:
 
     with torch.no_grad():
         out = model.generate(
-            input_ids=torch.tensor([ids]), max_new_tokens=MAX_NEW, do_sample=False,
+            input_ids=torch.tensor([ids]),
+            max_new_tokens=MAX_NEW,
+            do_sample=False,
             eos_token_id=eot,
-        )  # fmt: skip
+        )
     gen = out[0, len(ids) :].tolist()
     return gen[: gen.index(eot[0]) + 1] if eot[0] in gen else gen
 
@@ -70,7 +74,7 @@ def _direct_greedy(model, ids: list[int], eot: list[int]) -> list[int]:
 @pytest.fixture(scope="module")
 def hf_rows(target, convs):
     _, tok, eot, _ = target
-    return regenerate_rows(convs, _hf(target), tok, eot, 512, progress=False)
+    return regenerate_rows(convs, _hf(target), tok, eot, 512, progress=False, markers=THINK)
 
 
 def test_hf_rows_are_the_targets_own_greedy_continuation(target, convs, hf_rows):
@@ -84,7 +88,7 @@ def test_hf_rows_are_the_targets_own_greedy_continuation(target, convs, hf_rows)
     by_conv: dict[str, list] = {}
     for r in rows:
         by_conv.setdefault(r.conversation, []).append(r)
-    think = ReasoningMarkers(tok)
+    think = ReasoningMarkers(tok, markers=THINK)
     for c in convs[:3]:
         first, second = by_conv[c["id"]]
         msgs = c["messages"]
@@ -95,7 +99,9 @@ def test_hf_rows_are_the_targets_own_greedy_continuation(target, convs, hf_rows)
 
 def test_hf_batching_does_not_change_the_tokens(target, convs, hf_rows):
     _, tok, eot, _ = target
-    rows1, _ = regenerate_rows(convs[:2], _hf(target, batch_size=1), tok, eot, 512, progress=False)
+    rows1, _ = regenerate_rows(
+        convs[:2], _hf(target, batch_size=1), tok, eot, 512, progress=False, markers=THINK
+    )
     assert [(r.context, r.completion) for r in rows1] == [
         (r.context, r.completion) for r in hf_rows[0][:4]
     ]
@@ -104,11 +110,15 @@ def test_hf_batching_does_not_change_the_tokens(target, convs, hf_rows):
 def test_cache_resumes_without_generating_again(target, convs, hf_rows, tmp_path):
     _, tok, eot, _ = target
     cache = GenerationCache(tmp_path / "c.jsonl")
-    regenerate_rows(convs[:2], _hf(target), tok, eot, 512, cache=cache, progress=False)
+    regenerate_rows(
+        convs[:2], _hf(target), tok, eot, 512, cache=cache, progress=False, markers=THINK
+    )
     with open(tmp_path / "c.jsonl", "a") as fh:
         fh.write('{"key": "torn')  # a crash mid-write
     again = GenerationCache(tmp_path / "c.jsonl")
-    rows, stats = regenerate_rows(convs, _hf(target), tok, eot, 512, cache=again, progress=False)
+    rows, stats = regenerate_rows(
+        convs, _hf(target), tok, eot, 512, cache=again, progress=False, markers=THINK
+    )
     # 4 turns cached by the first run (more when conversations ask the same question)
     assert stats.cached >= 4 and stats.requests == len(rows) - stats.cached
     assert [r.completion for r in rows] == [r.completion for r in hf_rows[0]]
@@ -117,11 +127,26 @@ def test_cache_resumes_without_generating_again(target, convs, hf_rows, tmp_path
 def test_reasoning_drop_cuts_between_the_markers_at_token_level(target):
     _, tok, eot, _ = target
     ids = tok("<think>so I think</think>Answer.<|im_end|>", add_special_tokens=False)["input_ids"]
-    cut = ReasoningMarkers(tok, "drop").supervised(ids)
+    cut = ReasoningMarkers(tok, "drop", markers=THINK).supervised(ids)
     assert tok.decode(cut) == "<think></think>Answer.<|im_end|>"
-    assert ReasoningMarkers(tok, "keep").supervised(ids) == ids
-    msg = ReasoningMarkers(tok).message(ids, eot)
+    assert ReasoningMarkers(tok, "keep", markers=THINK).supervised(ids) == ids
+    msg = ReasoningMarkers(tok, markers=THINK).message(ids, eot)
     assert msg == {"role": "assistant", "content": "Answer.", "reasoning_content": "so I think"}
+
+
+def test_a_family_without_reasoning_markers_keeps_the_text_and_cannot_drop(target):
+    _, tok, eot, _ = target
+    ids = tok("<think>so I think</think>Answer.<|im_end|>", add_special_tokens=False)["input_ids"]
+    none = ReasoningMarkers(tok, markers=())
+    assert none.supervised(ids) == ids
+    assert none.message(ids, eot) == {
+        "role": "assistant",
+        "content": "<think>so I think</think>Answer.",
+    }
+    with pytest.raises(ConfigError, match="its family .* declares none"):
+        ReasoningMarkers(tok, "drop", markers=())
+    with pytest.raises(ConfigError, match="needs <a> and </a> as single tokens"):
+        ReasoningMarkers(tok, "drop", markers=("<a>", "</a>"))
 
 
 def test_plan_turns_regenerates_after_each_user_segment():
@@ -180,8 +205,13 @@ class ChatServer:
                 if not self._authorized():
                     return
                 if self.path == "/v1/models":
-                    self._send(200, {"object": "list", "data": [
-                        {"id": "tiny-kimi", "root": str(server.model_dir)}]})
+                    self._send(
+                        200,
+                        {
+                            "object": "list",
+                            "data": [{"id": "tiny-kimi", "root": str(server.model_dir)}],
+                        },
+                    )
                 else:
                     self._send(404, {"error": "not found"})
 
@@ -221,9 +251,11 @@ class ChatServer:
         prompt = render_ids(self.tok, req["messages"], generation_prompt=True)
         with self.lock, torch.no_grad():
             out = self.model.generate(
-                input_ids=torch.tensor([prompt]), max_new_tokens=req["max_tokens"],
-                do_sample=False, eos_token_id=self.eot,
-            )  # fmt: skip
+                input_ids=torch.tensor([prompt]),
+                max_new_tokens=req["max_tokens"],
+                do_sample=False,
+                eos_token_id=self.eot,
+            )
         gen = out[0, len(prompt) :].tolist()
         stopped = self.eot[0] in gen
         gen = gen[: gen.index(self.eot[0]) + 1] if stopped else gen
@@ -235,8 +267,13 @@ class ChatServer:
         }
         if "NOIDS" in last:
             return 200, {"choices": [{k: v for k, v in choice.items() if k != "token_ids"}]}
-        return 200, {"id": "x", "object": "chat.completion", "model": req["model"],
-                     "prompt_token_ids": prompt, "choices": [choice]}  # fmt: skip
+        return 200, {
+            "id": "x",
+            "object": "chat.completion",
+            "model": req["model"],
+            "prompt_token_ids": prompt,
+            "choices": [choice],
+        }
 
     def __enter__(self) -> ChatServer:
         self.thread.start()
@@ -265,10 +302,11 @@ def _user(content: str, cid: str) -> dict[str, Any]:
 
 def test_server_rows_equal_the_hf_rows_token_for_token(target, convs, hf_rows, server):
     _, tok, eot, _ = target
-    backend = ServerBackend(server.url, MAX_NEW, expected=_expected(target), concurrency=3,
-                            timeout_s=30, backoff_s=0.01)
+    backend = ServerBackend(
+        server.url, MAX_NEW, expected=_expected(target), concurrency=3, timeout_s=30, backoff_s=0.01
+    )
     assert backend.model == "tiny-kimi"  # found in /v1/models by its path
-    rows, stats = regenerate_rows(convs, backend, tok, eot, 512, progress=False)
+    rows, stats = regenerate_rows(convs, backend, tok, eot, 512, progress=False, markers=THINK)
     assert not stats.errors and stats.prompt_mismatch == 0
     assert [(r.conversation, r.context, r.completion) for r in rows] == [
         (r.conversation, r.context, r.completion) for r in hf_rows[0]
@@ -283,21 +321,33 @@ def test_server_failures_are_counted_never_empty_answers(target, convs, server):
         _user("FLAKY What is a set?", "flaky"),
         _user("NOIDS What is a tuple?", "noids"),
         _user("BADREQ What is a str?", "badreq"),
-        {"id": "second-fails", "messages": [
-            {"role": "user", "content": "What is an int?"},
-            {"role": "assistant", "content": "x"},
-            {"role": "user", "content": "FAIL500 and a float?"},
-        ]},
-    ]  # fmt: skip
+        {
+            "id": "second-fails",
+            "messages": [
+                {"role": "user", "content": "What is an int?"},
+                {"role": "assistant", "content": "x"},
+                {"role": "user", "content": "FAIL500 and a float?"},
+            ],
+        },
+    ]
     backend = ServerBackend(
-        server.url, MAX_NEW, expected=_expected(target), concurrency=4, timeout_s=1.0,
-        retries=1, backoff_s=0.01,
+        server.url,
+        MAX_NEW,
+        expected=_expected(target),
+        concurrency=4,
+        timeout_s=1.0,
+        retries=1,
+        backoff_s=0.01,
     )
-    rows, stats = regenerate_rows([*bad, convs[3]], backend, tok, eot, 512, progress=False)
+    rows, stats = regenerate_rows(
+        [*bad, convs[3]], backend, tok, eot, 512, progress=False, markers=THINK
+    )
     assert dict(stats.errors) == {
-        "regenerate_http_500": 2, "regenerate_timeout": 1, "regenerate_no_token_ids": 1,
+        "regenerate_http_500": 2,
+        "regenerate_timeout": 1,
+        "regenerate_no_token_ids": 1,
         "regenerate_http_400": 1,
-    }  # fmt: skip
+    }
     assert server.attempts["FAIL500 What is a list?"] == 2  # retried once, then counted
     assert server.attempts["BADREQ What is a str?"] == 1  # a 4xx is not retried
     got = Counter(r.conversation for r in rows)
@@ -319,8 +369,11 @@ def test_a_server_serving_another_model_is_refused(target, server):
     tokenizer, are refused naming both models."""
     model_dir, tok, _, _ = target
     other = expected_model("tiny llama (/models/llama)", ("tiny-llama", "/models/llama"), tok)
-    with pytest.raises(ServerIdentityError, match=r"serves tiny-kimi \(.*\), not the target "
-                       r"tiny llama \(/models/llama\)"):
+    with pytest.raises(
+        ServerIdentityError,
+        match=r"serves tiny-kimi \(.*\), not the target "
+        r"tiny llama \(/models/llama\)",
+    ):
         ServerBackend(server.url, 8, expected=other)
     with pytest.raises(ServerIdentityError, match="does not serve a model named 'llama'"):
         ServerBackend(server.url, 8, expected=_expected(target), model="llama")
@@ -328,8 +381,9 @@ def test_a_server_serving_another_model_is_refused(target, server):
     ids = expected_model("", (), tok).probe_ids
     assert ids is not None
     same_name = ExpectedModel("tiny kimi", ("tiny-kimi",), tuple(reversed(ids)))
-    with pytest.raises(ServerIdentityError, match="tiny-kimi tokenizes differently from the "
-                       "target tiny kimi"):
+    with pytest.raises(
+        ServerIdentityError, match="tiny-kimi tokenizes differently from the target tiny kimi"
+    ):
         ServerBackend(server.url, 8, expected=same_name)
 
 
@@ -340,8 +394,9 @@ def test_the_api_key_of_a_users_server_is_sent(target):
     with ChatServer(model_dir, tok, eot, model, api_key="s3cret") as keyed:
         with pytest.raises(ServerIdentityError, match="HTTP 401.*rejects this run's API key"):
             ServerBackend(keyed.url, 8, expected=_expected(target))
-        backend = ServerBackend(keyed.url, MAX_NEW, expected=_expected(target),
-                                api_key="s3cret", timeout_s=30)
+        backend = ServerBackend(
+            keyed.url, MAX_NEW, expected=_expected(target), api_key="s3cret", timeout_s=30
+        )
         assert backend.model == "tiny-kimi"
         out = backend.request([{"role": "user", "content": "What is a list?"}])
         assert isinstance(out, Generation) and out.token_ids, out
@@ -361,12 +416,13 @@ def test_stage_regenerates_through_the_server_backend(tiny_target, server, tmp_p
     (tmp_path / "data" / "target").symlink_to(tiny_target / "data" / "target")
     monkeypatch.chdir(tmp_path)
     common = ["train.samples=4", "data.heldout_size=2", f"data.max_new_tokens={MAX_NEW}"]
-    cfg = load_config([*common, "data.regenerate_backend=server", f"data.server.base_url={server.url}"])
+    cfg = load_config(
+        [*common, "data.regenerate_backend=server", f"data.server.base_url={server.url}"]
+    )
     m = prepare(cfg, progress=False)
-    assert m["regenerate"] is True and m["backend"] == "server" and m["errors"] == {}
-    assert m["regeneration"]["requests"] == m["rows"] >= 4
+    assert m.regenerate is True and m.backend == "server" and m.errors == {}
+    assert m.regeneration["requests"] == m.rows >= 4
     server_rows = load_from_disk(str(prepared_dir(cfg))).with_format(None)[:]
     m2 = prepare(load_config(common), progress=False)  # hf: a separate cache, same tokens
-    assert m2["backend"] == "hf" and m2["regeneration"]["cached"] == 0
+    assert m2.backend == "hf" and m2.regeneration["cached"] == 0
     assert load_from_disk(str(prepared_dir(cfg))).with_format(None)[:] == server_rows
-

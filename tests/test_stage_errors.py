@@ -37,12 +37,20 @@ def test_a_missing_data_file_is_one_line_naming_it(tmp_path: Path, monkeypatch, 
     monkeypatch.chdir(tmp_path)
     missing = tmp_path / "nope.jsonl"
     with pytest.raises(SystemExit) as exc:
-        main(["data.source=file", f"data.path={missing}", "preflight.strict=false",
-              "validate.vllm=false"])  # fmt: skip
+        main(
+            [
+                "data.source=file",
+                f"data.path={missing}",
+                "preflight.strict=false",
+                "validate.vllm=false",
+            ]
+        )
     assert exc.value.code == 1  # strict=false does not wave a config error through
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error:")]
-    assert err == [f"error: preflight: data.path={missing}: no such file; point data.path at "
-                   "a JSONL or JSON file of conversations (or use data.source=builtin)"]
+    assert err == [
+        f"error: preflight: data.path={missing}: no such file; point data.path at "
+        "a JSONL or JSON file of conversations (or use data.source=builtin)"
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -50,19 +58,46 @@ def committed_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return repo_copy(tmp_path_factory.mktemp("exp_repo"), commit=True)
 
 
-@pytest.mark.parametrize(("override", "expected"), [
-    ("train.epocs=2", "ERROR: params: Could not override 'train.epocs'; Key 'epocs' not in "
-                      "'TrainConfig' (did you mean train.epochs?)"),
-    ("train.epochs=abc", "ERROR: params: Error merging override train.epochs=abc; Value 'abc' "
-                         "of type 'str' could not be converted to Integer"),
-    ("train.parallel=fdsp", "ERROR: params: Error merging override train.parallel=fdsp; "
-                            "Invalid value 'fdsp', expected one of [auto, ddp, fsdp]"),
-])
-def test_a_bad_override_under_dvc_exp_run_is_one_line(committed_copy: Path, override: str,
-                                                       expected: str) -> None:
-    proc = subprocess.run([sys.executable, "-m", "dvc", "exp", "run", "--dry", "-S", override],
-                          cwd=committed_copy, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "DVC_NO_ANALYTICS": "1"})
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        (
+            "train.epocs=2",
+            "ERROR: params: Could not override 'train.epocs'; Key 'epocs' not in "
+            "'TrainConfig' (did you mean train.epochs?)",
+        ),
+        (
+            "train.epochs=abc",
+            "ERROR: params: Error merging override train.epochs=abc; Value 'abc' "
+            "of type 'str' could not be converted to Integer",
+        ),
+        (
+            "train.parallel=fdsp",
+            "ERROR: params: Error merging override train.parallel=fdsp; "
+            "Invalid value 'fdsp', expected one of [auto, ddp, fsdp]",
+        ),
+        # the schema's ranges and cross-key rules, checked on what DVC composed
+        ("validate.k=0", "ERROR: params: validate.k=0 must be >= 1 (or null)"),
+        (
+            "validate.k_sweep=[1,9]",
+            "ERROR: params: validate.k_sweep=[1, 9]: [9] outside 1..3 "
+            "(train.speculative_tokens: the draft is trained for that many "
+            "steps)",
+        ),
+    ],
+)
+@pytest.mark.integration
+def test_a_bad_override_under_dvc_exp_run_is_one_line(
+    committed_copy: Path, override: str, expected: str
+) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "dvc", "exp", "run", "--dry", "-S", override],
+        cwd=committed_copy,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "DVC_NO_ANALYTICS": "1"},
+    )
     assert proc.returncode != 0
     lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
     assert lines == [expected], lines

@@ -93,6 +93,7 @@ def test_chat_template_drops_past_reasoning(tiny_target):
         assert len(tok(t, add_special_tokens=False)["input_ids"]) == 1
 
 
+@pytest.mark.integration  # builds and trains the tiny target twice
 def test_tiny_target_build_is_deterministic(tmp_path):
     """Same seed -> the same tokenizer and the same weights, bit for bit."""
     from eagle3_pipeline.core.config import load_config
@@ -129,9 +130,18 @@ def test_trained_tiny_target_beats_unigram_by_half(tmp_path):
 
 def _run_target(cwd: Path, *overrides: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "eagle3_pipeline.stages.target", "--conf-dir", str(REPO / "conf"),
-         *overrides],
-        cwd=cwd, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "eagle3_pipeline.stages.target",
+            "--conf-dir",
+            str(REPO / "conf"),
+            *overrides,
+        ],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 

@@ -18,14 +18,26 @@ NOT_MIRRORED = {"quantization_config", "auto_map"}
 # Keys transformers' native classes need beside the real ones (read by transformers and
 # vLLM; the real config spells some of them vt_* / rope_scaling).
 TRANSFORMERS_ONLY = {
-    "image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id",
-    "projection_hidden_size", "projection_layer_norm_eps",
-    "vision_config.hidden_size", "vision_config.intermediate_size",
-    "vision_config.num_attention_heads", "vision_config.num_hidden_layers",
-    "vision_config.hidden_act", "vision_config.pos_emb_height", "vision_config.pos_emb_width",
-    "vision_config.pos_emb_time", "vision_config.rope_parameters",
-    "text_config.head_dim", "text_config.qk_head_dim", "text_config.rope_interleave",
-    "text_config.pretraining_tp", "text_config.output_router_logits",
+    "image_token_id",
+    "video_token_id",
+    "vision_start_token_id",
+    "vision_end_token_id",
+    "projection_hidden_size",
+    "projection_layer_norm_eps",
+    "vision_config.hidden_size",
+    "vision_config.intermediate_size",
+    "vision_config.num_attention_heads",
+    "vision_config.num_hidden_layers",
+    "vision_config.hidden_act",
+    "vision_config.pos_emb_height",
+    "vision_config.pos_emb_width",
+    "vision_config.pos_emb_time",
+    "vision_config.rope_parameters",
+    "text_config.head_dim",
+    "text_config.qk_head_dim",
+    "text_config.rope_interleave",
+    "text_config.pretraining_tp",
+    "text_config.output_router_logits",
 }
 
 
@@ -75,8 +87,9 @@ def test_tiny_config_values_vllm_reads(tiny_target):
     assert tiny["media_placeholder_token_id"] == tiny["image_token_id"] < t["vocab_size"]
     assert t["hidden_size"] <= 256 and t["num_hidden_layers"] <= 8  # still tiny
     pre = json.loads((_tiny(tiny_target) / "preprocessor_config.json").read_text())
-    assert {"patch_size", "merge_kernel_size", "image_mean", "image_std",
-            "in_patch_limit"} <= set(pre["media_proc_cfg"])
+    assert {"patch_size", "merge_kernel_size", "image_mean", "image_std", "in_patch_limit"} <= set(
+        pre["media_proc_cfg"]
+    )
 
 
 def test_tiny_weight_names_follow_the_real_index(tiny_target):

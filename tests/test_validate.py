@@ -138,7 +138,8 @@ def test_stage_writes_metrics_report_plot_and_model_card(workdir: Path) -> None:
     assert m["vllm_lossless"] is True and v["lossless_prompts"] == 3
     assert m["vllm_tokens_per_s_with_draft"] > 0 and m["vllm_tokens_per_s_without_draft"] > 0
     assert m["vllm_speedup"] == pytest.approx(
-        m["vllm_tokens_per_s_with_draft"] / m["vllm_tokens_per_s_without_draft"])
+        m["vllm_tokens_per_s_with_draft"] / m["vllm_tokens_per_s_without_draft"]
+    )
     assert v["workarounds"]["with_draft"]["env"].get("VLLM_MLA_DISABLE") == "1"
     assert "VLLM_MLA_DISABLE" not in v["workarounds"]["without_draft"]["env"]
     out = workdir / "data" / "validate"
@@ -150,8 +151,10 @@ def test_stage_writes_metrics_report_plot_and_model_card(workdir: Path) -> None:
     # dvclive: the headline DVC shows is the stage's own figures; per-position acceptance
     live = workdir / "dvclive" / "validate"
     assert json.loads((live / "metrics.json").read_text()) == {
-        "acceptance_length": m["acceptance_length"], "vllm_speedup": m["vllm_speedup"],
-        "lossless": True}
+        "acceptance_length": m["acceptance_length"],
+        "vllm_speedup": m["vllm_speedup"],
+        "lossless": True,
+    }
     points = json.loads((live / "plots/custom/acceptance_per_position.json").read_text())
     assert [p["acceptance"] for p in points] == m["per_position_rate"]
     assert (live / "plots/images/acceptance.png").read_bytes()[:4] == b"\x89PNG"
@@ -177,7 +180,7 @@ def test_stage_fails_on_a_broken_checkpoint(workdir: Path, tmp_path: Path) -> No
 def test_stage_refuses_bad_settings(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         _run_stage(workdir, "validate.k=0")
-    assert exc.value.code == 1
+    assert exc.value.code == 2  # a config error: refused when composed, before any work
     # one line on stderr that names the stage and the offending key
     err = capsys.readouterr().err.splitlines()
-    assert "error: validate: validate.k=0 must be >= 1 or null" in err, err
+    assert "error: validate: validate.k=0 must be >= 1 (or null)" in err, err

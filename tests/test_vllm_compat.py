@@ -36,8 +36,10 @@ def test_cpu_rotary_kernel_is_still_wrong_for_mla_3d_input():
     assert res.returncode == 0, res.stderr[-3000:]
     diff = json.loads(res.stdout.strip().splitlines()[-1])
     assert diff["d2"] < 1e-5, diff  # the kernel itself is right on 2-D input
-    assert diff["d3"] > 1e-2, f"vLLM's CPU rotary kernel now handles 3-D input: {diff}; " \
+    assert diff["d3"] > 1e-2, (
+        f"vLLM's CPU rotary kernel now handles 3-D input: {diff}; "
         "drop vllm_compat.rotary_op_disabled"
+    )
     assert vllm_compat.rotary_op_disabled(True, True, "default")
     assert not vllm_compat.rotary_op_disabled(True, True, "yarn")
     assert not vllm_compat.rotary_op_disabled(False, True, "default")
@@ -69,7 +71,8 @@ def test_mla_with_an_eagle3_draft_still_fails_to_start_on_cpu(validate_workdir: 
     build (no common KV block size for CPU_MLA and the draft's attention)."""
     model = validate_workdir / "data" / "target" / "model"
     draft = validate_workdir / "data" / "draft"
-    res = run_in_vllm(f"""
+    res = run_in_vllm(
+        f"""
         from vllm import LLM
         if __name__ == "__main__":
             try:
@@ -80,10 +83,13 @@ def test_mla_with_an_eagle3_draft_still_fails_to_start_on_cpu(validate_workdir: 
                 print("STARTED")
             except Exception as exc:
                 print("FAILED", exc)
-    """, env={"VLLM_CPU_KVCACHE_SPACE": "1"})
+    """,
+        env={"VLLM_CPU_KVCACHE_SPACE": "1"},
+    )
     out = res.stdout + res.stderr
-    assert "STARTED" not in res.stdout, "MLA + EAGLE-3 starts on CPU now: drop " \
-        "vllm_compat.mla_disabled"
+    assert "STARTED" not in res.stdout, (
+        "MLA + EAGLE-3 starts on CPU now: drop vllm_compat.mla_disabled"
+    )
     assert "No common block size" in out or "block size" in out.lower(), out[-3000:]
 
 
@@ -109,11 +115,13 @@ def test_amx_mla_still_refuses_a_float32_target(validate_workdir: Path):
     """
     env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
     default = run_in_vllm(code.format(model=str(model), extra=""), env=env)
-    assert "STARTED" not in default.stdout, "AMX_MLA loads float32 now: drop " \
-        "vllm_compat.mla_backend"
+    assert "STARTED" not in default.stdout, (
+        "AMX_MLA loads float32 now: drop vllm_compat.mla_backend"
+    )
     assert "expect weight to be bfloat16" in default.stdout + default.stderr
-    chosen = run_in_vllm(code.format(model=str(model), extra=', attention_backend="CPU_MLA"'),
-                         env=env)  # fmt: skip
+    chosen = run_in_vllm(
+        code.format(model=str(model), extra=', attention_backend="CPU_MLA"'), env=env
+    )
     assert "STARTED" in chosen.stdout, (chosen.stdout + chosen.stderr)[-3000:]
 
 
@@ -124,3 +132,29 @@ def test_vllm_reads_every_eagle31_option_the_schema_offers():
     from eagle3_pipeline.serving.env import _eagle3_options, find_python
 
     assert _eagle3_options(find_python(), 300.0) == list(vllm_compat.EAGLE3_DRAFT_OPTIONS)
+
+
+def test_vllm_serves_every_draft_layer_type_we_offer():
+    """vLLM's speculators-config reader maps each of ``draft.layers``' types to a draft
+    architecture in its model registry; fails when it stops serving one."""
+    from eagle3_pipeline.draft.layers import DRAFT_LAYERS
+
+    res = run_in_vllm(f"""
+        import json
+        from vllm.model_executor.models.registry import ModelRegistry
+        from vllm.transformers_utils.configs.speculators.algos import SUPPORTED_SPECULATORS_TYPES
+        out = {{}}
+        for name in {list(DRAFT_LAYERS)!r}:
+            cfg = {{"model_type": name}}
+            try:
+                SUPPORTED_SPECULATORS_TYPES["eagle3"]({{}}, cfg)
+            except ValueError:
+                out[name] = None
+                continue
+            arch = cfg["architectures"][0]
+            out[name] = arch if arch in ModelRegistry.get_supported_archs() else None
+        print(json.dumps(out))
+    """)
+    assert res.returncode == 0, res.stderr[-3000:]
+    archs = json.loads(res.stdout.strip().splitlines()[-1])
+    assert all(archs.values()), f"vLLM no longer serves these draft layer types: {archs}"

@@ -18,13 +18,29 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _spec(**kw) -> TargetSpec:
-    base = dict(name="t", model_type="kimi_k25", architecture="KimiK25ForConditionalGeneration",
-                vllm_architecture="KimiK25ForConditionalGeneration", vllm_eagle3_supported=True,
-                nested=True, text_config_key="text_config", text_model_type="deepseek_v3",
-                num_layers=4, hidden_size=128, vocab_size=2048, num_attention_heads=4,
-                num_key_value_heads=4, head_dim=96, intermediate_size=256, attention="mla",
-                moe=True, num_experts=4, aux_layer_ids=[1, 2, 3],
-                aux_layer_ids_source="adapter default", rope_type="yarn")
+    base = dict(
+        name="t",
+        model_type="kimi_k25",
+        architecture="KimiK25ForConditionalGeneration",
+        vllm_architecture="KimiK25ForConditionalGeneration",
+        vllm_eagle3_supported=True,
+        nested=True,
+        text_config_key="text_config",
+        text_model_type="deepseek_v3",
+        num_layers=4,
+        hidden_size=128,
+        vocab_size=2048,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=96,
+        intermediate_size=256,
+        attention="mla",
+        moe=True,
+        num_experts=4,
+        aux_layer_ids=[1, 2, 3],
+        aux_layer_ids_source="adapter default",
+        rope_type="yarn",
+    )
     base.update(kw)
     return TargetSpec(**base)
 
@@ -35,20 +51,25 @@ def _cfg(*overrides: str):
 
 def test_validate_engine_on_cpu_carries_dtype_draft_and_only_the_needed_workaround(tmp_path):
     cfg = _cfg()
-    eng = build_engine(cfg, _spec(), tmp_path, "validate", dtype="float32",
-                       draft_dir=tmp_path / "draft", k=3)
+    eng = build_engine(
+        cfg, _spec(), tmp_path, "validate", dtype="float32", draft_dir=tmp_path / "draft", k=3
+    )
     argv = eng.serve_argv(8011)
     assert argv[argv.index("--dtype") + 1] == "float32"
     spec = json.loads(argv[argv.index("--speculative-config") + 1])
-    assert spec == {"method": "eagle3", "model": str((tmp_path / "draft").absolute()),
-                    "num_speculative_tokens": 3}
+    assert spec == {
+        "method": "eagle3",
+        "model": str((tmp_path / "draft").absolute()),
+        "num_speculative_tokens": 3,
+    }
     assert "--enforce-eager" in argv  # CPU default
-    assert eng.env["VLLM_MLA_DISABLE"] == "1" and eng.attention_backend is None  # no MLA: no MLA backend
+    assert (
+        eng.env["VLLM_MLA_DISABLE"] == "1" and eng.attention_backend is None
+    )  # no MLA: no MLA backend
     assert eng.compilation_config is None  # yarn rope takes the native path
     kw = eng.llm_kwargs()
     assert kw["dtype"] == "float32" and kw["speculative_config"] == spec
-    assert shlex.split(eng.shell(8011)) == ["VLLM_CPU_KVCACHE_SPACE=1", "VLLM_MLA_DISABLE=1",
-                                            *argv]
+    assert shlex.split(eng.shell(8011)) == ["VLLM_CPU_KVCACHE_SPACE=1", "VLLM_MLA_DISABLE=1", *argv]
 
 
 def test_plain_engines_keep_mla_and_extraction_gets_the_cpu_connector(tmp_path):
@@ -56,14 +77,19 @@ def test_plain_engines_keep_mla_and_extraction_gets_the_cpu_connector(tmp_path):
     base = build_engine(cfg, _spec(), tmp_path, "baseline", dtype="float32")
     assert "VLLM_MLA_DISABLE" not in base.env and base.speculative_config is None
     # float32 MLA asks for the reference backend (AMX_MLA refuses float32 weights)
-    assert base.attention_backend == "CPU_MLA" and base.llm_kwargs()["attention_backend"] == "CPU_MLA"
+    assert (
+        base.attention_backend == "CPU_MLA" and base.llm_kwargs()["attention_backend"] == "CPU_MLA"
+    )
     argv = base.serve_argv(8000)
     assert argv[argv.index("--attention-backend") + 1] == "CPU_MLA"
-    assert build_engine(cfg, _spec(), tmp_path, "baseline", dtype="bfloat16").attention_backend is None
+    assert (
+        build_engine(cfg, _spec(), tmp_path, "baseline", dtype="bfloat16").attention_backend is None
+    )
     ext = build_engine(cfg, _spec(), tmp_path, "extract", staging=tmp_path / "s")
     assert ext.speculative_config["method"] == "extract_hidden_states"
     assert ext.speculative_config["draft_model_config"]["hf_config"][
-        "eagle_aux_hidden_state_layer_ids"] == [1, 2, 3, 4]
+        "eagle_aux_hidden_state_layer_ids"
+    ] == [1, 2, 3, 4]
     assert ext.kv_transfer_config["kv_connector"] == vllm_compat.CPU_CONNECTOR
     assert ext.kv_transfer_config["kv_connector_module_path"] == vllm_compat.CPU_CONNECTOR_MODULE
     assert "--no-enable-prefix-caching" in ext.serve_argv(8000)
@@ -75,12 +101,14 @@ def test_plain_engines_keep_mla_and_extraction_gets_the_cpu_connector(tmp_path):
 
 def test_cuda_profile_has_no_cpu_workarounds_and_real_parallel_sizes(tmp_path):
     cfg = _cfg("hardware=rtx_pro_6000_x8", "model.dtype=bfloat16")
-    eng = build_engine(cfg, _spec(rope_type="default"), "moonshotai/Kimi-K2.5", "validate",
-                       draft_dir=tmp_path, k=3)
+    eng = build_engine(
+        cfg, _spec(rope_type="default"), "moonshotai/Kimi-K2.5", "validate", draft_dir=tmp_path, k=3
+    )
     argv = eng.serve_argv(8011)
     assert eng.env == {} and eng.compilation_config is None and "--enforce-eager" not in argv
     assert argv[argv.index("--tensor-parallel-size") + 1] == str(
-        cfg.hardware.serving.tensor_parallel_size)
+        cfg.hardware.serving.tensor_parallel_size
+    )
     assert argv[argv.index("--dtype") + 1] == "bfloat16"
     ext = build_engine(cfg, _spec(), "moonshotai/Kimi-K2.5", "extract", staging=tmp_path)
     assert ext.kv_transfer_config["kv_connector"] == vllm_compat.UPSTREAM_CONNECTOR
@@ -94,8 +122,10 @@ def test_plain_rope_mla_targets_get_the_rotary_op_disabled_on_cpu_only(tmp_path)
     argv = eng.serve_argv(1)
     assert json.loads(argv[argv.index("--compilation-config") + 1]) == eng.compilation_config
     llama = _spec(attention="standard", rope_type="default")
-    assert build_engine(cfg, llama, tmp_path, "validate", draft_dir=tmp_path,
-                        k=1).compilation_config is None
+    assert (
+        build_engine(cfg, llama, tmp_path, "validate", draft_dir=tmp_path, k=1).compilation_config
+        is None
+    )
 
 
 def test_engine_refuses_missing_pieces(tmp_path):

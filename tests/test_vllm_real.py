@@ -60,10 +60,14 @@ def test_vllm_extraction_equals_the_hf_backend(tiny_target, tmp_path):
     hf_wd = workdir_for(tiny_target, tmp_path / "hf", n=4)
     vl_wd = workdir_for(tiny_target, tmp_path / "vllm", n=4)
     _in(hf_wd, extract_hf, config(hf_wd), False)
-    cfg = config(vl_wd, "extract.backend=vllm", f"extract.server.port={_free_port()}",
-                 "extract.server.concurrency=2")
+    cfg = config(
+        vl_wd,
+        "extract.backend=vllm",
+        f"extract.server.port={_free_port()}",
+        "extract.server.concurrency=2",
+    )
     metrics = _in(vl_wd, V.extract_vllm, cfg)
-    assert metrics["samples_written"] == 4 and metrics["backend"] == "vllm"
+    assert metrics.samples_written == 4 and metrics.backend == "vllm"
     rows = load_rows(vl_wd / "data/prepared", 1 << 30)
     equal = total = 0
     for i in range(4):
@@ -85,9 +89,13 @@ def test_vllm_extraction_equals_the_hf_backend(tiny_target, tmp_path):
     from speculators.train.data import ArrowDataset
     from speculators.train.recovery import SampleUnavailable
 
-    ds = ArrowDataset(max_len=512, datapath=str(vl_wd / "data/prepared"),
-                      transfer=FileTransfer(vl_wd / "data/hidden_states"), on_missing="raise",
-                      hidden_states_dtype=torch.float32)
+    ds = ArrowDataset(
+        max_len=512,
+        datapath=str(vl_wd / "data/prepared"),
+        transfer=FileTransfer(vl_wd / "data/hidden_states"),
+        on_missing="raise",
+        hidden_states_dtype=torch.float32,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a dropped (mismatched) sample only warns
         assert not any(isinstance(ds[i], SampleUnavailable) for i in range(len(ds)))
@@ -102,9 +110,18 @@ def test_regeneration_through_vllm_serve_equals_transformers(tiny_target, tmp_pa
     port = _free_port()
     common = ["train.samples=6", "data.max_new_tokens=16", "data.heldout_size=2"]
     rows = {}
-    for name, extra in (("hf", []), ("server", [
-            "data.regenerate_backend=server", "data.server.start=true",
-            f"data.server.base_url=http://127.0.0.1:{port}/v1", "data.server.concurrency=2"])):
+    for name, extra in (
+        ("hf", []),
+        (
+            "server",
+            [
+                "data.regenerate_backend=server",
+                "data.server.start=true",
+                f"data.server.base_url=http://127.0.0.1:{port}/v1",
+                "data.server.concurrency=2",
+            ],
+        ),
+    ):
         wd = tmp_path / name
         (wd / "data").mkdir(parents=True)
         (wd / "data/target").symlink_to(tiny_target / "data/target")
@@ -114,8 +131,9 @@ def test_regeneration_through_vllm_serve_equals_transformers(tiny_target, tmp_pa
         rows[name] = load_rows(wd / "data/prepared", 1 << 30)
     a, b = rows["hf"], rows["server"]
     assert len(a) == len(b) > 0
-    assert [list(x) for x in a.input_ids(range(len(a)))] == \
-        [list(x) for x in b.input_ids(range(len(b)))]
+    assert [list(x) for x in a.input_ids(range(len(a)))] == [
+        list(x) for x in b.input_ids(range(len(b)))
+    ]
 
 
 def test_served_and_offline_validation_give_the_same_counters(validate_workdir):
@@ -125,14 +143,16 @@ def test_served_and_offline_validation_give_the_same_counters(validate_workdir):
     cfg = _in(wd, _load, [])
     spec = load_target_spec(wd / "data/target/target.json")
     spec = dataclasses.replace(spec, path=str(wd / spec.path))
-    engine = build_engine(cfg, spec, spec.path, "validate", dtype="float32",
-                          draft_dir=wd / "data/draft", k=3)
+    engine = build_engine(
+        cfg, spec, spec.path, "validate", dtype="float32", draft_dir=wd / "data/draft", k=3
+    )
     prompts = [p.prompt_ids for p in load_prompts(wd / "data/heldout/prompts.jsonl")]
     stops = stop_token_ids(spec.path)
     python = find_python()
     offline = run_offline(python, engine, prompts, 12, stops, wd / "logs/offline.log")
-    served = run_served(python, engine, _free_port(), prompts, 12, stops,
-                        wd / "logs/served.log", 600, 30)
+    served = run_served(
+        python, engine, _free_port(), prompts, 12, stops, wd / "logs/served.log", 600, 30
+    )
     assert offline["outputs"] == served["outputs"]
     assert offline["counters"] == served["counters"]
     assert offline["counters"]["drafts"] > 0
@@ -156,8 +176,9 @@ def test_a_vllm_that_cannot_start_says_why_in_one_line(validate_workdir, tmp_pat
     shutil.copytree(spec.path, broken)
     for shard in broken.glob("*.safetensors"):
         shard.write_bytes(b"not a safetensors file")
-    eng = build_engine(cfg, dataclasses.replace(spec, path=str(broken)), broken, "baseline",
-                       dtype="float32")
+    eng = build_engine(
+        cfg, dataclasses.replace(spec, path=str(broken)), broken, "baseline", dtype="float32"
+    )
     with pytest.raises(VllmRunError) as exc:
         run_offline(python, eng, prompts, 4, [], tmp_path / "broken.log")
     msg = str(exc.value)
@@ -166,10 +187,22 @@ def test_a_vllm_that_cannot_start_says_why_in_one_line(validate_workdir, tmp_pat
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        with pytest.raises(VllmError, match=rf"validate.server.port={port}: port {port} on "
-                           r"127.0.0.1 is in use"):
-            run_served(python, bad.__class__(**{**bad.to_dict(), "extra_args": []}), port,
-                       prompts, 4, [], tmp_path / "port.log", 300, 10)
+        with pytest.raises(
+            VllmError,
+            match=rf"validate.server.port={port}: port {port} on "
+            r"127.0.0.1 is in use",
+        ):
+            run_served(
+                python,
+                bad.__class__(**{**bad.to_dict(), "extra_args": []}),
+                port,
+                prompts,
+                4,
+                [],
+                tmp_path / "port.log",
+                300,
+                10,
+            )
 
 
 def test_a_started_server_is_private_and_shown_to_serve_the_target(validate_workdir, tmp_path):
@@ -200,12 +233,25 @@ def test_a_started_server_is_private_and_shown_to_serve_the_target(validate_work
         for pid in group_members(server.proc.pid):
             assert key.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
         other = expected_model("tiny llama (/models/llama)", ("tiny-llama", "/models/llama"))
-        with pytest.raises(ServerIdentityError, match=rf"serves {spec.name} \(.*\), not the "
-                           r"target tiny llama \(/models/llama\)"):
+        with pytest.raises(
+            ServerIdentityError,
+            match=rf"serves {spec.name} \(.*\), not the "
+            r"target tiny llama \(/models/llama\)",
+        ):
             verify_server(f"{server.url}/v1", key, other)
-        with pytest.raises(StageError, match=rf"validate.server.port={port}: port {port} on "
-                           r"127.0.0.1 is in use"):
-            with engine_server(engine, python, port, tmp_path / "second.log", 600, 30,
-                               port_key="validate.server.port"):
+        with pytest.raises(
+            StageError,
+            match=rf"validate.server.port={port}: port {port} on "
+            r"127.0.0.1 is in use",
+        ):
+            with engine_server(
+                engine,
+                python,
+                port,
+                tmp_path / "second.log",
+                600,
+                30,
+                port_key="validate.server.port",
+            ):
                 pass
     assert key not in log.read_text(errors="replace")

@@ -9,6 +9,9 @@ plugin package ``hydra_plugins/eagle3_pipeline_schema`` (imported by
 wraps Hydra's ``Hydra.compose_config`` (what ``hydra.compose`` calls) so that a
 composition error becomes a ``DvcException`` carrying the same one line that
 ``eagle3-compose`` prints. DVC then prints ``ERROR: params: <line>`` and exits non-zero.
+The wrapper also runs the schema's own checks (ranges, cross-key rules:
+``core.config.validate``) on the composed result, so ``-S validate.k=0`` is refused the
+same way, before DVC writes params.yaml or runs a stage.
 
 Only when DVC is the running program (``dvc`` imported); ``tests/test_compat.py``
 checks the internals this relies on and the line DVC prints.
@@ -32,7 +35,8 @@ def one_line_compose_errors() -> bool:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from eagle3_pipeline.core.config import compose_error_line
+    from eagle3_pipeline.core.config import check_composed, compose_error_line
+    from eagle3_pipeline.core.errors import ConfigError
 
     original = Hydra.compose_config
     if getattr(original, MARK, False):
@@ -41,9 +45,14 @@ def one_line_compose_errors() -> bool:
     @functools.wraps(original)
     def compose_config(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
-            return original(self, *args, **kwargs)
+            cfg = original(self, *args, **kwargs)
         except (HydraException, OmegaConfBaseException) as exc:
             raise DvcException(f"params: {compose_error_line(exc)}") from None
+        try:
+            check_composed(cfg)
+        except ConfigError as exc:
+            raise DvcException(f"params: {exc}") from None
+        return cfg
 
     setattr(compose_config, MARK, True)
     Hydra.compose_config = compose_config  # type: ignore[method-assign]

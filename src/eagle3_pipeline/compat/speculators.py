@@ -110,7 +110,8 @@ def _strict_class() -> type:
                 if isinstance(item, SampleUnavailable):
                     row = self._map_to_file_idx(index)
                     path = getattr(self, "source", None) or (
-                        self.transfer.hidden_states_path / f"hs_{row}.safetensors")
+                        self.transfer.hidden_states_path / f"hs_{row}.safetensors"
+                    )
                     raise ValueError(
                         f"{path}: unusable for prepared row {row} "
                         f"({getattr(item, 'reason', None) or 'token ids differ from the row'})"
@@ -166,8 +167,7 @@ def online_hidden_states_dataset(
         source = f"vLLM extraction server {endpoint}"
 
         def _setup_client(self) -> None:
-            self.client = openai.OpenAI(base_url=self.vllm_endpoint, api_key=api_key,
-                                        max_retries=0)
+            self.client = openai.OpenAI(base_url=self.vllm_endpoint, api_key=api_key, max_retries=0)
 
         def __getitem__(self, index: int) -> Any:
             from eagle3_pipeline.core.errors import StageError
@@ -205,7 +205,10 @@ def online_hidden_states_dataset(
 
 
 def speculators_trainer(
-    model: Any, trainer_config: Any, train_loader: Any, val_loader: Any = None,
+    model: Any,
+    trainer_config: Any,
+    train_loader: Any,
+    val_loader: Any = None,
     device: str = "cpu",
 ) -> Any:
     """speculators' own ``Trainer`` on ``device``, CPU included (used by bench/train.py).
@@ -239,8 +242,9 @@ def _patch_cpu_step_timer() -> None:
     import torch
     from speculators.train import trainer as trainer_mod
 
-    if torch.accelerator.is_available() or getattr(trainer_mod._StepTimer, "_eagle3_cpu_patch",
-                                                   False):
+    if torch.accelerator.is_available() or getattr(
+        trainer_mod._StepTimer, "_eagle3_cpu_patch", False
+    ):
         return
 
     class _CpuStepTimer(trainer_mod._StepTimer):

@@ -67,8 +67,9 @@ def mla_backend(cpu_build: bool, mla: bool, dtype: str, with_draft: bool) -> str
     return None
 
 
-def engine_env(cpu_build: bool, mla: bool, with_draft: bool,
-               kvcache_space_gib: float | None) -> dict[str, str]:
+def engine_env(
+    cpu_build: bool, mla: bool, with_draft: bool, kvcache_space_gib: float | None
+) -> dict[str, str]:
     env: dict[str, str] = {}
     if mla_disabled(cpu_build, mla, with_draft):
         env["VLLM_MLA_DISABLE"] = "1"

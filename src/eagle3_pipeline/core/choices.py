@@ -24,7 +24,8 @@ class Choice(str, Enum):
     def __str__(self) -> str:
         return str.__str__(self)
 
-    __format__ = str.__format__
+    def __format__(self, format_spec: str) -> str:
+        return str.__format__(str(self), format_spec)
 
 
 class Device(Choice):
@@ -36,12 +37,6 @@ class Dtype(Choice):
     bfloat16 = "bfloat16"
     float16 = "float16"
     float32 = "float32"
-
-
-class Interconnect(Choice):
-    none = "none"
-    pcie = "pcie"
-    nvlink = "nvlink"
 
 
 class DataSource(Choice):
@@ -111,6 +106,19 @@ class AttnImplementation(Choice):
     simple_flex_attention = "simple_flex_attention"  # CUDA only (no CPU backward)
 
 
+class LossName(Choice):
+    """speculators' per-position losses (``train.loss`` is one of these, or a JSON dict of
+    them to weights, e.g. ``{"ce": 0.1, "tv": 0.9}``)."""
+
+    kl_div = "kl_div"
+    rkl = "rkl"
+    jsd = "jsd"
+    ce = "ce"
+    tv = "tv"
+    nla = "nla"
+    lk_hybrid = "lk_hybrid"
+
+
 class LossImplementation(Choice):
     eager = "eager"
     fused = "fused"
@@ -133,3 +141,13 @@ class FingerprintMode(Choice):
 
     stat = "stat"
     content = "content"
+
+
+class TinyArchitecture(Choice):
+    """The target families the ``target`` stage builds a tiny member of: those with a tiny
+    builder in ``targets/families`` (declared here so that the config, below the targets,
+    checks ``model.tiny.architecture`` itself; tests/test_families.py keeps the two equal)."""
+
+    kimi_k25 = "kimi_k25"
+    llama = "llama"
+    qwen3_moe = "qwen3_moe"

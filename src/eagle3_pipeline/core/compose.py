@@ -45,7 +45,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.check:
         current = out.read_text(encoding="utf-8") if out.is_file() else ""
         if current != text:
-            print(f"{out} is out of sync with {args.conf_dir}/: run eagle3-compose", file=sys.stderr)
+            print(
+                f"{out} is out of sync with {args.conf_dir}/: run eagle3-compose", file=sys.stderr
+            )
             raise SystemExit(1)
         print(f"{out} is in sync with {args.conf_dir}/")
         return

@@ -16,9 +16,9 @@ repository root first, see ``hydra_plugins/eagle3_pipeline_schema``). So
 from __future__ import annotations
 
 import argparse
+import json
 import sys
-from dataclasses import dataclass, field
-from operator import attrgetter
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,6 @@ from eagle3_pipeline.core.choices import (
     ExtractBackend,
     ExtractMode,
     FingerprintMode,
-    Interconnect,
     LossImplementation,
     OnError,
     OnMismatch,
@@ -41,6 +40,7 @@ from eagle3_pipeline.core.choices import (
     Reasoning,
     RegenerateBackend,
     Scheduler,
+    TinyArchitecture,
     VllmMode,
 )
 from eagle3_pipeline.core.errors import ConfigError
@@ -51,6 +51,22 @@ DEFAULT_CONF_DIR = "conf"
 
 
 # --------------------------------------------------------------------------- schema
+
+
+def ranged(
+    default: Any,
+    *,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    lt: float | None = None,
+) -> Any:
+    """A numeric field with its bounds declared beside its default. :func:`validate` checks
+    every bounded field of the tree (so ``dvc exp run -S validate.k=0`` fails while DVC
+    composes, see ``compat.dvc``); null passes, as a nullable field's null means derived."""
+    return field(default=default, metadata={"bounds": (ge, gt, le, lt)})
+
+
 #
 # Every default lives here and nowhere else. The defaults ARE the default run (the tiny
 # Kimi-shaped target on CPU with the builtin corpus): conf/config.yaml only picks the
@@ -61,14 +77,14 @@ DEFAULT_CONF_DIR = "conf"
 class TinyModelConfig:
     """Shape of the embedded tiny target that the ``target`` stage builds locally."""
 
-    # A target family registered in targets/families (checked when loading, not an Enum:
-    # the registry is the one list): what transformers class is built.
-    architecture: str = "kimi_k25"
-    hidden_size: int = 128
-    num_layers: int = 4
-    num_heads: int = 4
-    intermediate_size: int = 256
-    vocab_size: int = 2048
+    # A target family with a tiny builder (targets/families): what transformers class is
+    # built. An Enum, so Hydra rejects another name while composing.
+    architecture: TinyArchitecture = TinyArchitecture.kimi_k25
+    hidden_size: int = ranged(128, ge=1)
+    num_layers: int = ranged(4, ge=1)
+    num_heads: int = ranged(4, ge=1)
+    intermediate_size: int = ranged(256, ge=1)
+    vocab_size: int = ranged(2048, ge=1)
     # MLA (kimi_k25 only). kv_lora_rank + qk_rope_head_dim = 576 as in the real model:
     # vLLM's CPU MLA kernel accepts no other latent width.
     q_lora_rank: int | None = 64
@@ -82,19 +98,21 @@ class TinyModelConfig:
     n_shared_experts: int = 1
     moe_intermediate_size: int = 64
     first_k_dense_replace: int = 1
-    max_position_embeddings: int = 1024
+    max_position_embeddings: int = ranged(1024, ge=1)
     rope_theta: float = 50000.0
     # Rope scaling as the real model has it (null: plain rope): yarn with the real
     # beta/mscale settings and the tiny's own window, original_max * factor = max positions.
-    rope_scaling: dict[str, Any] | None = field(default_factory=lambda: {
-        "type": "yarn",
-        "factor": 4.0,
-        "original_max_position_embeddings": 256,
-        "beta_fast": 32.0,
-        "beta_slow": 1.0,
-        "mscale": 1.0,
-        "mscale_all_dim": 1.0,
-    })
+    rope_scaling: dict[str, Any] | None = field(
+        default_factory=lambda: {
+            "type": "yarn",
+            "factor": 4.0,
+            "original_max_position_embeddings": 256,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+        }
+    )
 
 
 @dataclass
@@ -158,12 +176,12 @@ class ModelConfig:
 class ServingConfig:
     """Parallel sizes for serving the target with vLLM on this hardware."""
 
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-    data_parallel_size: int = 1
+    tensor_parallel_size: int = ranged(1, ge=1)
+    pipeline_parallel_size: int = ranged(1, ge=1)
+    data_parallel_size: int = ranged(1, ge=1)
     enable_expert_parallel: bool = False
-    gpu_memory_utilization: float = 0.9
-    max_model_len: int = 4096
+    gpu_memory_utilization: float = ranged(0.9, gt=0, le=1)
+    max_model_len: int = ranged(4096, ge=1)
 
 
 @dataclass
@@ -171,8 +189,9 @@ class ThroughputAssumptions:
     """Throughput figures used by estimates until the pipeline has measured its own; a
     profile states the figures measured (or reported) for its machine."""
 
-    extract_tokens_per_s: float = 2000.0
-    train_steps_per_s: float = 5.0
+    extract_tokens_per_s: float = ranged(2000.0, gt=0)
+    # training conversations per second (one epoch = train.samples of them)
+    train_conversations_per_s: float = ranged(5.0, gt=0)
     source: str = "assumption"
 
 
@@ -182,14 +201,13 @@ class HardwareConfig:
 
     name: str = "cpu"
     device: Device = Device.cpu
-    nodes: int = 1
-    gpu_count: int = 0  # per node
+    nodes: int = ranged(1, ge=1)
+    gpu_count: int = ranged(0, ge=0)  # per node
     gpu_name: str | None = None  # substring the NVML name must contain
-    gpu_memory_mib: int | None = None
-    memory_tolerance_mib: int = 2048
+    gpu_memory_mib: int | None = ranged(None, ge=1)
+    memory_tolerance_mib: int = ranged(2048, ge=0)
     min_compute_capability: float | None = None
-    interconnect: Interconnect = Interconnect.none
-    idle_memory_mib: int = 1024  # a GPU using more than this is busy
+    idle_memory_mib: int = ranged(1024, ge=0)  # a GPU using more than this is busy
     expected_processes: list[str] = field(default_factory=list)
     train_dtype: Dtype = Dtype.float32
     serving: ServingConfig = field(default_factory=ServingConfig)
@@ -202,8 +220,8 @@ class ServerConfig:
     ``vllm serve`` the pipeline starts on 127.0.0.1, and how many requests our client
     keeps in flight. Engine settings are not here: ``vllm`` and ``hardware.serving``."""
 
-    port: int = 8000
-    concurrency: int = 1
+    port: int = ranged(8000, ge=1, le=65535)
+    concurrency: int = ranged(1, ge=1)
 
 
 @dataclass
@@ -212,7 +230,7 @@ class RegenerateServerConfig(ServerConfig):
     Unlike extraction and validation it may be a server the user runs elsewhere, and its
     client retries; it must return token ids (``return_token_ids``, as vLLM does)."""
 
-    concurrency: int = 8
+    concurrency: int = ranged(8, ge=1)
     # Where the client sends requests; by default the pipeline's own server at ``port``.
     base_url: str = "http://127.0.0.1:${.port}/v1"
     # served model name; null: the one /v1/models lists under the target's name or path.
@@ -221,9 +239,11 @@ class RegenerateServerConfig(ServerConfig):
     # The environment variable holding the API key of a server the user runs (the key
     # itself never goes into params); servers the pipeline starts get a per-run key.
     api_key_env: str = "VLLM_API_KEY"
-    timeout_s: float = 300.0  # per request
-    retries: int = 3  # extra attempts on timeouts, connection errors, 408/409/425/429/5xx
-    temperature: float = 0.0  # 0 = greedy, what the draft is evaluated against
+    timeout_s: float = ranged(300.0, gt=0)  # per request
+    retries: int = ranged(
+        3, ge=0
+    )  # extra attempts on timeouts, connection errors, 408/409/425/429/5xx
+    temperature: float = ranged(0.0, ge=0)  # 0 = greedy, what the draft is evaluated against
     # Start `vllm serve <target>` for the run (at base_url's port) and always stop it
     # afterwards (GPU profiles); false: use a server the user runs at base_url.
     start: bool = False
@@ -238,15 +258,15 @@ class DataConfig:
     path: str | None = None  # required for source file | hf
     format: DataFormat = DataFormat.auto
     split: str = "train"
-    heldout_size: int = 16
-    max_seq_len: int = 512
+    heldout_size: int = ranged(16, ge=1)
+    max_seq_len: int = ranged(512, ge=8)
     on_error: OnError = OnError.skip
     # On-policy data: replace every assistant turn by the target's own greedy answer
     # (token ids kept as generated): a draft accepts well only on what the target says.
     regenerate: bool = True
     regenerate_backend: RegenerateBackend = RegenerateBackend.hf
-    max_new_tokens: int = 96  # per regenerated assistant turn
-    generate_batch_size: int = 32  # hf backend
+    max_new_tokens: int = ranged(96, ge=1)  # per regenerated assistant turn
+    generate_batch_size: int = ranged(32, ge=1)  # hf backend
     server: RegenerateServerConfig = field(default_factory=RegenerateServerConfig)
     reasoning: Reasoning = Reasoning.keep
     # The builtin corpus is built from pydoc_data.topics: the Python Software Foundation
@@ -259,11 +279,11 @@ class TargetStageConfig:
     """How the ``target`` stage builds and trains the embedded tiny target (ignored for
     real targets)."""
 
-    train_steps: int = 400
-    batch_size: int = 16
-    seq_len: int = 128
-    lr: float = 3.0e-3
-    heldout_fraction: float = 0.05
+    train_steps: int = ranged(400, ge=1)
+    batch_size: int = ranged(16, ge=1)
+    seq_len: int = ranged(128, ge=2)
+    lr: float = ranged(3.0e-3, gt=0)
+    heldout_fraction: float = ranged(0.05, ge=0, lt=1)
     max_shard_size: str = "2MB"
 
 
@@ -272,7 +292,7 @@ class PreflightConfig:
     # false: failed checks are printed as warnings and the stage exits 0
     strict: bool = True
     # free space kept beyond the estimated hidden states + checkpoint
-    min_free_disk_gb: float = 1.0
+    min_free_disk_gb: float = ranged(1.0, ge=0)
     # where free disk is measured; null: data_dir (where the hidden states are written)
     disk_path: str | None = None
 
@@ -286,9 +306,9 @@ class VllmConfig:
     # .venv-vllm (made by `eagle3-vllm-env install`)
     python: str | None = None
     enforce_eager: bool | None = None  # null: true on CPU (compiling costs more than it saves)
-    cpu_kvcache_space_gib: float = 1.0  # CPU build only (VLLM_CPU_KVCACHE_SPACE)
-    startup_timeout_s: float = 1800.0  # a 1T target takes many minutes to load
-    shutdown_timeout_s: float = 60.0
+    cpu_kvcache_space_gib: float = ranged(1.0, gt=0)  # CPU build only (VLLM_CPU_KVCACHE_SPACE)
+    startup_timeout_s: float = ranged(1800.0, gt=0)  # a 1T target takes many minutes to load
+    shutdown_timeout_s: float = ranged(60.0, gt=0)
     log_dir: str = "logs"  # one log per engine: vllm_<purpose>.log
     extra_args: list[str] = field(default_factory=list)  # appended to every `vllm serve`
 
@@ -305,14 +325,14 @@ class ExtractConfig:
     backend: ExtractBackend = ExtractBackend.hf
     dtype: Dtype = Dtype.bfloat16  # of the written hidden states
     # Padding-aware token budget of one hf batch: rows x longest row <= batch_tokens.
-    batch_tokens: int = 4096
+    batch_tokens: int = ranged(4096, ge=1)
     # Rows are sorted by length within consecutive segments of this many rows, so the
     # batch plan of the first N rows does not change when rows are appended.
-    plan_rows: int = 256
+    plan_rows: int = ranged(256, ge=1)
     # Split one extraction over processes: this process does batches j % world_size == rank.
-    rank: int = 0
-    world_size: int = 1
-    writer_queue: int = 2  # batches computed ahead of the writer (bounds memory)
+    rank: int = ranged(0, ge=0)
+    world_size: int = ranged(1, ge=1)
+    writer_queue: int = ranged(2, ge=1)  # batches computed ahead of the writer (bounds memory)
     fsync: bool = True  # fsync each file before its rename (crash safety)
     # Existing files from another target/revision/layer set/dtype
     on_mismatch: OnMismatch = OnMismatch.restart
@@ -329,13 +349,13 @@ class DraftShapeConfig:
     """The draft's decoder shape; null = derived from the target (see draft/shape.py)."""
 
     layer_type: DraftLayerType = DraftLayerType.llama
-    num_layers: int = 1
+    num_layers: int = ranged(1, ge=1)
     # Must be null or the target's hidden size (speculators and vLLM require it).
-    hidden_size: int | None = None
-    num_attention_heads: int | None = None
-    num_key_value_heads: int | None = None
-    head_dim: int | None = None
-    intermediate_size: int | None = None
+    hidden_size: int | None = ranged(None, ge=1)
+    num_attention_heads: int | None = ranged(None, ge=1)
+    num_key_value_heads: int | None = ranged(None, ge=1)
+    head_dim: int | None = ranged(None, ge=1)
+    intermediate_size: int | None = ranged(None, ge=1)
     # vLLM defaults it to True, speculators to False: trained with and written explicitly.
     norm_before_residual: bool = True
     # The EAGLE-3.1 options, read and applied by vLLM's llama_eagle3 from the speculators
@@ -352,12 +372,12 @@ class DraftShapeConfig:
 
 @dataclass
 class TrainConfig:
-    # Number of training conversations (the design card's `dvc exp run -S train.samples=N`).
-    samples: int = 240
-    epochs: int = 20
-    lr: float = 3.0e-3
-    speculative_tokens: int = 3  # TTT steps the draft is unrolled over (>= 1)
-    draft_vocab_size: int = 1024
+    # Number of training conversations (`dvc exp run -S train.samples=N` grows the data).
+    samples: int = ranged(240, ge=1)
+    epochs: int = ranged(20, ge=1)
+    lr: float = ranged(3.0e-3, gt=0)
+    speculative_tokens: int = ranged(3, ge=1)  # TTT steps the draft is unrolled over (>= 1)
+    draft_vocab_size: int = ranged(1024, ge=1)
     draft: DraftShapeConfig = field(default_factory=DraftShapeConfig)
     # adamw: AdamW over every trainable parameter. muon (default, measured: see above):
     # speculators' split -- torch's Muon over the 2-D weight matrices (muon_lr), AdamW (lr)
@@ -365,49 +385,54 @@ class TrainConfig:
     optimizer: OptimizerName = OptimizerName.muon
     # null: train.lr (speculators' rule). 3e-3 measured ahead of speculators' 1e-3 on the
     # real model (2.904 vs 2.888), so train.lr stays 3e-3.
-    muon_lr: float | None = None
+    muon_lr: float | None = ranged(None, gt=0)
     scheduler: Scheduler = Scheduler.cosine
-    warmup_ratio: float = 0.05
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0  # max grad norm; 0 = off
-    tokens_per_step: int = 1024  # packed tokens per optimizer step (per GPU)
-    ttt_step_loss_decay: float = 1.0
-    loss: str = "kl_div"  # any speculators loss name
+    warmup_ratio: float = ranged(0.05, ge=0, lt=1)
+    weight_decay: float = ranged(0.01, ge=0)
+    grad_clip: float = ranged(1.0, ge=0)  # max grad norm; 0 = off
+    tokens_per_step: int = ranged(1024, ge=1)  # packed tokens per optimizer step (per GPU)
+    ttt_step_loss_decay: float = ranged(1.0, gt=0)
+    # A speculators loss (core.choices.LossName) or a JSON dict of them to weights.
+    loss: str = "kl_div"
     # Uniform noise U(-a/2, a/2) added to the input hidden states, training only (EAGLE).
-    hidden_noise: float = 0.05
-    val_fraction: float = 0.1  # the last rows of the prepared dataset
-    checkpoint_every_steps: int = 50  # resumable state, also written at each epoch's end
+    hidden_noise: float = ranged(0.05, ge=0)
+    val_fraction: float = ranged(0.1, ge=0, lt=1)  # the last rows of the prepared dataset
+    checkpoint_every_steps: int = ranged(
+        50, ge=1
+    )  # resumable state, also written at each epoch's end
     # Packed batches read (online: fetched from vLLM) ahead of the step by a thread. null:
     # 2 on CUDA and online, 0 on CPU offline (there the thread's reads and collation take
     # the cores the step needs: measured 0.68x with 2 on 2 cores).
-    prefetch_batches: int | None = None
+    prefetch_batches: int | None = ranged(None, ge=0)
     # Per-step figures stay on the device and are read back (one host sync) every this
     # many steps, at checkpoints and at the end; the curves still get every step.
-    log_every_steps: int = 10
+    log_every_steps: int = ranged(10, ge=1)
     # Overrides of the hardware profile; null = chosen from hardware.device.
     device: Device | None = None
     dtype: Dtype | None = None  # null: hardware.train_dtype on CUDA, float32 on CPU
     attn_implementation: AttnImplementation | None = None  # null: sdpa_packed on CPU
     loss_implementation: LossImplementation | None = None  # null: eager on CPU, fused on CUDA
-    max_steps: int | None = None  # stop early (benchmarks, smoke tests)
+    max_steps: int | None = ranged(None, ge=1)  # stop early (benchmarks, smoke tests)
     # Worker processes on this node. null: one per GPU of the hardware profile on CUDA, and
     # training in the stage's own process on CPU. N > 1 on CPU starts the same torchrun
     # launch as on GPUs with the gloo backend (how the multi-process path is tested).
-    nproc: int | None = None
+    nproc: int | None = ranged(None, ge=1)
     # Data parallelism across workers: ddp | fsdp (FSDP2 fully_shard) | auto = fsdp when
     # the draft's trainable parameters reach fsdp_min_params or DDP's replicated weights,
     # gradients and AdamW state would not fit the profile's GPU memory, else ddp.
     parallel: Parallel = Parallel.auto
-    fsdp_min_params: int = 1_000_000_000
+    fsdp_min_params: int = ranged(1_000_000_000, ge=1)
 
 
 @dataclass
 class ValidateConfig:
     """The ``validate`` stage: checkpoint rules, GPU release, acceptance length."""
 
-    max_new_tokens: int = 64  # per held-out prompt, the same for every draft compared
-    num_prompts: int | None = None  # null: every held-out prompt
-    k: int | None = None  # draft tokens per step; null: the checkpoint's speculative_tokens
+    max_new_tokens: int = ranged(64, ge=1)  # per held-out prompt, the same for every draft compared
+    num_prompts: int | None = ranged(None, ge=1)  # null: every held-out prompt
+    k: int | None = ranged(
+        None, ge=1
+    )  # draft tokens per step; null: the checkpoint's speculative_tokens
     # vLLM only: serve the same draft at each of these K (>= 1, <= train.speculative_tokens)
     # and report acceptance, single-stream tokens/s and speedup per K, and the best K.
     k_sweep: list[int] | None = None
@@ -425,7 +450,7 @@ class ValidateConfig:
     # The serve mode's server; concurrency 1 = single stream, as the speedup is defined.
     server: ServerConfig = field(default_factory=lambda: ServerConfig(port=8011, concurrency=1))
     # |vLLM's acceptance length - ours| allowed in float32 before the stage fails
-    vllm_agreement_tol: float = 0.01
+    vllm_agreement_tol: float = ranged(0.01, ge=0)
 
 
 @dataclass
@@ -476,8 +501,6 @@ class Config:
         return device, v.dtype or ("float32" if device == "cpu" else self.model.dtype)
 
 
-
-
 def register_schema() -> None:
     """Store the schema in Hydra's ConfigStore under :data:`SCHEMA_NAME` (idempotent)."""
     from hydra.core.config_store import ConfigStore
@@ -488,35 +511,104 @@ def register_schema() -> None:
 # --------------------------------------------------------------------------- validation
 
 
-# Lower bounds of numeric settings: (key, minimum).
-_MINIMUMS = (
-    ("train.samples", 1),
-    ("train.speculative_tokens", 1),
-    ("data.heldout_size", 1),
-    ("data.max_seq_len", 8),
-)
+def _check_bounds(node: Any, prefix: str = "") -> None:
+    """Every :func:`ranged` field under ``node`` within its declared bounds."""
+    for f in fields(node):
+        value, key = getattr(node, f.name), f"{prefix}{f.name}"
+        if is_dataclass(value):
+            _check_bounds(value, f"{key}.")
+        bounds = f.metadata.get("bounds")
+        if bounds is None or value is None:
+            continue
+        ge, gt, le, lt = bounds
+        for bad, words in (
+            (ge is not None and value < ge, f">= {ge}"),
+            (gt is not None and value <= gt, f"> {gt}"),
+            (le is not None and value > le, f"<= {le}"),
+            (lt is not None and value >= lt, f"< {lt}"),
+        ):
+            if bad:
+                null = " (or null)" if f.default is None else ""
+                raise ConfigError(f"{key}={value} must be {words}{null}")
+
+
+def _check_loss(spec: str) -> None:
+    """``train.loss``: one of speculators' loss names, or a JSON dict of them to weights."""
+    from eagle3_pipeline.core.choices import LossName
+
+    names = [n.value for n in LossName]
+    if spec in names:
+        return
+    try:
+        parsed = json.loads(spec)
+    except json.JSONDecodeError:
+        parsed = None
+    if not isinstance(parsed, dict) or not parsed:
+        raise ConfigError(
+            f"train.loss={spec!r}: use one of {', '.join(names)}, or a JSON dict "
+            'of them to weights, e.g. {"ce": 0.1, "tv": 0.9}'
+        )
+    for name, weight in parsed.items():
+        if name not in names or isinstance(weight, bool) or not isinstance(weight, int | float):
+            raise ConfigError(
+                f"train.loss: {name!r}: {weight!r} is not a loss name of "
+                f"{', '.join(names)} with a numeric weight"
+            )
+
+
+def _check_runtime(cfg: Config) -> None:
+    """Rules across the train and hardware settings (device, kernels, process counts)."""
+    t, hw = cfg.train, cfg.hardware
+    device = t.device or hw.device
+    if device == "cpu" and t.attn_implementation == "simple_flex_attention":
+        raise ConfigError(
+            "train.attn_implementation=simple_flex_attention has no CPU backward "
+            "(use sdpa_packed or sdpa on CPU)"
+        )
+    if device == "cuda" and t.nproc is not None and hw.gpu_count and t.nproc > hw.gpu_count:
+        raise ConfigError(
+            f"train.nproc={t.nproc} exceeds hardware.gpu_count={hw.gpu_count} (one worker per GPU)"
+        )
+    if cfg.extract.rank >= cfg.extract.world_size:
+        raise ConfigError(
+            f"extract.rank={cfg.extract.rank} must be < extract.world_size={cfg.extract.world_size}"
+        )
+
+
+def check_tiny_architecture(name: str) -> None:
+    """``model.tiny.architecture`` must name a family that has a tiny builder (a
+    :class:`TinyArchitecture`; also checked here for a config built in Python)."""
+    buildable = [a.value for a in TinyArchitecture]
+    if name not in buildable:
+        raise ConfigError(f"model.tiny.architecture={name!r} is not one of {', '.join(buildable)}")
 
 
 def _check_model(m: ModelConfig) -> None:
-    sources = [k for k, v in (("model.tiny", m.tiny), ("model.gguf", m.gguf),
-                              ("model.path", m.path)) if v is not None]
+    sources = [
+        k
+        for k, v in (("model.tiny", m.tiny), ("model.gguf", m.gguf), ("model.path", m.path))
+        if v is not None
+    ]
     if not sources and not m.hub_id:
         raise ConfigError(
-            "model: set model.tiny (build locally), model.gguf, model.path or model.hub_id")
+            "model: set model.tiny (build locally), model.gguf, model.path or model.hub_id"
+        )
     if m.hub_id and m.tiny is not None:
         sources.append("model.hub_id")  # a built target has no hub id
     if len(sources) > 1:
-        raise ConfigError(f"model: {' and '.join(sources)} are both set: a target has one "
-                          "source (set the others to null)")
+        raise ConfigError(
+            f"model: {' and '.join(sources)} are both set: a target has one "
+            "source (set the others to null)"
+        )
     if m.gguf is not None:
         if not m.gguf.path:
             raise ConfigError("model.gguf.path is empty: name the GGUF file")
         if m.gguf.package and not (m.gguf.version and m.gguf.member):
-            raise ConfigError("model.gguf.package is set: also pin model.gguf.version and name "
-                              "model.gguf.member (the file's path inside the wheel)")
+            raise ConfigError(
+                "model.gguf.package is set: also pin model.gguf.version and name "
+                "model.gguf.member (the file's path inside the wheel)"
+            )
     if m.tiny is not None:
-        from eagle3_pipeline.targets.families import check_tiny_architecture  # no import cycle
-
         check_tiny_architecture(m.tiny.architecture)
     if m.aux_layer_ids is not None and len(m.aux_layer_ids) == 0:
         raise ConfigError("model.aux_layer_ids is empty: use null for the adapter's default")
@@ -531,20 +623,22 @@ def validate(cfg: Config) -> Config:
         raise ConfigError("hardware.gpu_count must be >= 1 when hardware.device is cuda")
     if hw.device == "cpu" and hw.gpu_count != 0:
         raise ConfigError("hardware.gpu_count must be 0 when hardware.device is cpu")
-    for key, minimum in _MINIMUMS:
-        value = attrgetter(key)(cfg)
-        if value < minimum:
-            raise ConfigError(f"{key}={value} must be >= {minimum}")
-    bad_k = [k for k in cfg.validate.k_sweep or []
-             if not 1 <= k <= cfg.train.speculative_tokens]
+    _check_bounds(cfg)
+    _check_loss(cfg.train.loss)
+    _check_runtime(cfg)
+    bad_k = [k for k in cfg.validate.k_sweep or [] if not 1 <= k <= cfg.train.speculative_tokens]
     if bad_k:
-        raise ConfigError(f"validate.k_sweep={cfg.validate.k_sweep}: {bad_k} outside 1.."
-                          f"{cfg.train.speculative_tokens} (train.speculative_tokens: the draft "
-                          "is trained for that many steps)")
+        raise ConfigError(
+            f"validate.k_sweep={cfg.validate.k_sweep}: {bad_k} outside 1.."
+            f"{cfg.train.speculative_tokens} (train.speculative_tokens: the draft "
+            "is trained for that many steps)"
+        )
     d = cfg.train.draft
     if d.norm_before_fc and d.fc_norm:
-        raise ConfigError("train.draft.norm_before_fc and train.draft.fc_norm are exclusive "
-                          "(one RMSNorm over the concatenated aux states, or one per state)")
+        raise ConfigError(
+            "train.draft.norm_before_fc and train.draft.fc_norm are exclusive "
+            "(one RMSNorm over the concatenated aux states, or one per state)"
+        )
     if cfg.data.source in ("file", "hf") and not cfg.data.path:
         raise ConfigError(f"data.path is required when data.source={cfg.data.source}")
     return cfg
@@ -567,6 +661,16 @@ def _to_config(node: Any) -> Config:
         raise ConfigError(_omegaconf_message(exc)) from None
     assert isinstance(cfg, Config)
     return validate(cfg)
+
+
+def check_composed(node: Any) -> None:
+    """The schema's checks on a config Hydra composed (its ``hydra`` node, if kept, left
+    out); raise :class:`ConfigError`. What the DVC hook runs before params.yaml is written."""
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(node, DictConfig) and "hydra" in node:
+        node = OmegaConf.masked_copy(node, [str(k) for k in node if k != "hydra"])
+    _to_config(node)
 
 
 def _omegaconf_message(exc: BaseException) -> str:
@@ -644,7 +748,9 @@ def compose(overrides: list[str] | None = None, conf_dir: str | Path = DEFAULT_C
     return cfg
 
 
-def compose_yaml(overrides: list[str] | None = None, conf_dir: str | Path = DEFAULT_CONF_DIR) -> str:
+def compose_yaml(
+    overrides: list[str] | None = None, conf_dir: str | Path = DEFAULT_CONF_DIR
+) -> str:
     """The text DVC writes to params.yaml for these overrides (``OmegaConf.to_yaml``)."""
     from omegaconf import OmegaConf
 
@@ -707,7 +813,9 @@ def stage_argparser(prog: str, description: str) -> argparse.ArgumentParser:
     return parser
 
 
-def config_from_cli(prog: str, description: str, argv: list[str] | None = None) -> tuple[Config, argparse.Namespace]:
+def config_from_cli(
+    prog: str, description: str, argv: list[str] | None = None
+) -> tuple[Config, argparse.Namespace]:
     """Parse a stage's command line and load its config; exit 2 with one line on error."""
     parser = stage_argparser(prog, description)
     args = parser.parse_args(argv)

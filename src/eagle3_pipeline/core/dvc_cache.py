@@ -79,7 +79,10 @@ def release_damaged(path: Path, root: Path | None = None) -> list[Path]:
         p.unlink(missing_ok=True)
     path.unlink(missing_ok=True)
     if removed:
-        log.warning("%s was damaged and shared its bytes with DVC's cache (cache.type "
-                    "hardlink/symlink): removed the damaged cache object too (%s)",
-                    path, ", ".join(str(p) for p in removed))
+        log.warning(
+            "%s was damaged and shared its bytes with DVC's cache (cache.type "
+            "hardlink/symlink): removed the damaged cache object too (%s)",
+            path,
+            ", ".join(str(p) for p in removed),
+        )
     return removed

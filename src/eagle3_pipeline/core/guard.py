@@ -50,11 +50,13 @@ def _kill_group(child: subprocess.Popen[bytes], remove: list[str]) -> None:
 
 def main(argv: list[str]) -> int:
     if "--" not in argv or argv.index("--") < 1 or argv.index("--") == len(argv) - 1:
-        print("usage: python -m eagle3_pipeline.core.guard PARENT_PID [--remove PATH]... "
-              "-- CMD...", file=sys.stderr)
+        print(
+            "usage: python -m eagle3_pipeline.core.guard PARENT_PID [--remove PATH]... -- CMD...",
+            file=sys.stderr,
+        )
         return 2
     sep = argv.index("--")
-    parent, opts, cmd = int(argv[0]), argv[1:sep], argv[sep + 1:]
+    parent, opts, cmd = int(argv[0]), argv[1:sep], argv[sep + 1 :]
     if os.getpgid(0) != os.getpid():  # run by hand: lead a group of our own, never the caller's
         os.setsid()
     remove = [opts[i + 1] for i in range(0, len(opts) - 1, 2) if opts[i] == "--remove"]

@@ -45,9 +45,12 @@ class RepeatFilter(logging.Filter):
 
     def summary(self) -> list[str]:
         """One line per kind that was cut, and forget them (so it is said once)."""
-        lines = [f"{n - self.limit} more warning(s) like this from {name} not shown: "
-                 f"{self.examples[(name, k)][:200]}"
-                 for (name, k), n in self.seen.items() if n > self.limit]
+        lines = [
+            f"{n - self.limit} more warning(s) like this from {name} not shown: "
+            f"{self.examples[(name, k)][:200]}"
+            for (name, k), n in self.seen.items()
+            if n > self.limit
+        ]
         self.seen.clear()
         return lines
 
@@ -67,8 +70,16 @@ def setup_logging(verbose: bool = False) -> None:
         datefmt="%H:%M:%S",
         stream=sys.stderr,
     )
-    for noisy in ("httpx", "httpx2", "httpcore", "openai", "urllib3", "datasets", "filelock",
-                  "fsspec"):
+    for noisy in (
+        "httpx",
+        "httpx2",
+        "httpcore",
+        "openai",
+        "urllib3",
+        "datasets",
+        "filelock",
+        "fsspec",
+    ):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     logging.captureWarnings(True)  # Python warnings pass the same filter
     for handler in logging.getLogger().handlers:

@@ -6,33 +6,31 @@ figures a user decides on (acceptance length, vLLM speedup, val loss, tokens/s, 
 lost. So each stage writes everything to ``metrics/details/<stage>.json`` -- an output DVC
 does not flatten, read by the plan and by later stages -- and DVC's metrics are:
 
-- ``metrics/<stage>.json`` for preflight and prepare: the keys of
-  :data:`HEADLINE`, copied from the details (same values, never recomputed);
+- ``metrics/<stage>.json`` for preflight and prepare: the record's headline fields
+  (:func:`eagle3_pipeline.core.records.headline`), copied from the details (same values,
+  never recomputed);
 - dvclive's summary ``dvclive/<stage>/metrics.json`` for train and validate, written
-  through :mod:`eagle3_pipeline.train.live` / :mod:`eagle3_pipeline.validate.live`.
+  through :mod:`eagle3_pipeline.train.live` / :mod:`eagle3_pipeline.validate.live` from the
+  same headline fields.
+
+The headline is kept to what fits a terminal line or close to it: DVC puts every key of
+every metrics file in one table, one column each (``dvc exp show`` prefixes a key two
+files share with the file's path). So: preflight's verdict, rows, and -- from dvclive --
+step, training tokens/s, val loss, acceptance length, vLLM speedup, losslessness. Target
+and extract have no headline: their figures describe the target and the cost of a run,
+not a choice between drafts.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.core.io import atomic_write_json
+from eagle3_pipeline.core.records import Record
 
-# The figures a user decides on, per stage. DVC puts every key of every metrics file in
-# one table, one column each (``dvc exp show`` prefixes a key two files share with the
-# file's path), so the whole headline is kept to what fits a terminal line or close to
-# it: preflight's verdict, rows, and -- from dvclive -- step, training tokens/s, val loss,
-# acceptance length, vLLM speedup, losslessness. Target and extract have no headline:
-# their figures describe the target and the cost of a run, not a choice between drafts.
-HEADLINE: dict[str, tuple[str, ...]] = {
-    "preflight": ("passed",),
-    "target": (),
-    "prepare": ("rows",),
-    "extract": (),
-}
+R = TypeVar("R", bound=Record)
 
 
 def details_path(cfg: Config, stage: str) -> Path:
@@ -40,32 +38,25 @@ def details_path(cfg: Config, stage: str) -> Path:
     return Path(cfg.paths.details) / f"{stage}.json"
 
 
-def headline_path(cfg: Config, stage: str) -> Path:
-    """The metrics file DVC shows for ``stage``."""
-    if stage in HEADLINE:
-        return Path(cfg.metrics_dir) / f"{stage}.json"
-    return Path(cfg.paths.live) / stage / "metrics.json"
+def headline_path(cfg: Config, record: type[Record]) -> Path:
+    """The metrics file DVC shows for the stage that writes ``record``."""
+    if record.HEADLINE_IN_DVCLIVE:
+        return Path(cfg.paths.live) / record.STAGE / "metrics.json"
+    return Path(cfg.metrics_dir) / f"{record.STAGE}.json"
 
 
-def headline(stage: str, details: dict[str, Any]) -> dict[str, Any]:
-    """The :data:`HEADLINE` keys of ``details`` that the stage produced."""
-    return {k: details[k] for k in HEADLINE[stage] if k in details}
+def write_stage_metrics(cfg: Config, record: Record, name: str | None = None) -> None:
+    """Details first (as ``name``, default the record's stage), then, for a stage without
+    dvclive, the headline copied from them."""
+    record.write(details_path(cfg, name or record.STAGE))
+    if record.headline_keys() and not record.HEADLINE_IN_DVCLIVE:
+        atomic_write_json(headline_path(cfg, type(record)), record.headline())
 
 
-def write_stage_metrics(cfg: Config, stage: str, details: dict[str, Any]) -> None:
-    """Details first, then (for a stage without dvclive) the headline copied from them."""
-    atomic_write_json(details_path(cfg, stage), details)
-    if HEADLINE.get(stage):
-        atomic_write_json(headline_path(cfg, stage), headline(stage, details))
-
-
-def read_details(cfg: Config, stage: str) -> dict[str, Any] | None:
-    """An earlier run's details of ``stage``, or None (absent or unreadable)."""
-    try:
-        data = json.loads(details_path(cfg, stage).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
-        return None
-    return data if isinstance(data, dict) else None
+def read_details(cfg: Config, record: type[R]) -> R | None:
+    """An earlier run's details of the stage that writes ``record``, or None when there
+    is none; :class:`~eagle3_pipeline.core.records.RecordError` when it cannot be read."""
+    return record.read_if_present(details_path(cfg, record.STAGE))
 
 
 def open_live(directory: Path, resume: bool = False) -> Any:

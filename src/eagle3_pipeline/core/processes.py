@@ -33,8 +33,9 @@ KILL_WAIT_S = 30.0  # after SIGKILL; only a process stuck in the kernel (a wedge
 GUARD = "eagle3_pipeline.core.guard"
 
 
-def start_group(cmd: Sequence[str], remove: Sequence[str | Path] = (),
-                **popen_kwargs: Any) -> subprocess.Popen[bytes]:
+def start_group(
+    cmd: Sequence[str], remove: Sequence[str | Path] = (), **popen_kwargs: Any
+) -> subprocess.Popen[bytes]:
     """``cmd`` in a new session and process group (``Popen`` keywords pass through), so
     that :func:`stop_group` reaches every process it starts. The group's leader is
     :mod:`eagle3_pipeline.core.guard`, which kills the group if this process dies without
@@ -64,8 +65,9 @@ def stop_group(proc: subprocess.Popen[bytes], timeout_s: float, what: str) -> No
             try:
                 proc.wait(timeout=KILL_WAIT_S)
             except subprocess.TimeoutExpired:
-                log.warning("%s (pid %d) still there %.0fs after SIGKILL", what, proc.pid,
-                            KILL_WAIT_S)
+                log.warning(
+                    "%s (pid %d) still there %.0fs after SIGKILL", what, proc.pid, KILL_WAIT_S
+                )
     signal_group(proc, signal.SIGKILL)
 
 
@@ -82,7 +84,7 @@ def group_members(pgid: int) -> list[int]:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        fields = stat[stat.rfind(")") + 2:].split()  # state, ppid, pgrp, ...
+        fields = stat[stat.rfind(")") + 2 :].split()  # state, ppid, pgrp, ...
         if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
             found.append(int(entry.name))
     return found
@@ -99,7 +101,8 @@ class _Relay:
         self.muted = False
         self.threads = [
             threading.Thread(target=self._pump, args=(src, dst), daemon=True)
-            for src, dst in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)) if src
+            for src, dst in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr))
+            if src
         ]
         for t in self.threads:
             t.start()
@@ -125,8 +128,9 @@ class _Relay:
 
 
 @contextlib.contextmanager
-def process_group(cmd: Sequence[str], stop_timeout_s: float, what: str,
-                  **popen_kwargs: Any) -> Iterator[subprocess.Popen[bytes]]:
+def process_group(
+    cmd: Sequence[str], stop_timeout_s: float, what: str, **popen_kwargs: Any
+) -> Iterator[subprocess.Popen[bytes]]:
     """:func:`start_group` for the ``with`` block, :func:`stop_group` when it is left,
     normally or by an error or Ctrl-C. Unless ``popen_kwargs`` redirect them, the child's
     stdout and stderr are relayed to ours, and silenced once the stage is interrupted

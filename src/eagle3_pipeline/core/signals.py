@@ -54,8 +54,12 @@ def interrupts_raise() -> Iterator[None]:
     def handler(signum: int, _frame: FrameType | None) -> None:
         nonlocal fired
         if fired:
-            print(f"{signal.Signals(signum).name}: already stopping (child processes are "
-                  "being shut down); please wait", file=sys.stderr, flush=True)
+            print(
+                f"{signal.Signals(signum).name}: already stopping (child processes are "
+                "being shut down); please wait",
+                file=sys.stderr,
+                flush=True,
+            )
             return
         fired = True
         raise Interrupted(signum)

@@ -133,7 +133,7 @@ def read_records(path: Path, errors: ErrorLog) -> Iterator[tuple[str, Any]]:
         where = f"{path}:{lineno}"
         if not line.strip():
             errors.add("blank_line", where, f"{where}: blank line (JSONL holds one object a line)",
-                       True)  # fmt: skip
+                       True)
             continue
         try:
             text = line.decode("utf-8")
@@ -144,7 +144,7 @@ def read_records(path: Path, errors: ErrorLog) -> Iterator[tuple[str, Any]]:
             yield where, json.loads(text)
         except json.JSONDecodeError as exc:
             errors.add("malformed_json", where,
-                       f"{where}: malformed JSON ({exc.msg}, column {exc.colno})", True)  # fmt: skip
+                       f"{where}: malformed JSON ({exc.msg}, column {exc.colno})", True)
 
 
 def is_json_document(path: Path, raw: bytes) -> bool:
@@ -177,7 +177,7 @@ def _read_json_document(path: Path, raw: bytes, errors: ErrorLog) -> Iterator[tu
     data = document_records(data)
     if not isinstance(data, list):
         errors.add("malformed_json", str(path),
-                   f"{path}: a JSON file must hold a list of conversations", True)  # fmt: skip
+                   f"{path}: a JSON file must hold a list of conversations", True)
         return
     for i, rec in enumerate(data):
         yield f"{path}[{i}]", rec
@@ -279,7 +279,7 @@ def load_conversations(
     with no assistant turn has nothing to supervise; with it, user turns suffice."""
     errors = ErrorLog(on_error=data.on_error)
     if data.source == "builtin":
-        from eagle3_pipeline.data.corpus import builtin_conversations
+        from eagle3_pipeline.core.corpus import builtin_conversations
 
         records: Iterable[tuple[str, Any]] = (
             (f"builtin[{i}]", c) for i, c in enumerate(builtin_conversations(seed))

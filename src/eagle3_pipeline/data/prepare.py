@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.core.config import Config, DataConfig
+from eagle3_pipeline.core.errors import StageError
+from eagle3_pipeline.core.io import atomic_write_text
 from eagle3_pipeline.data.bad_lines import write_bad_lines
 from eagle3_pipeline.data.conversations import (
     ErrorLog,
@@ -31,9 +33,10 @@ from eagle3_pipeline.data.conversations import (
     select,
     write_prepared,
 )
-from eagle3_pipeline.core.io import atomic_write_text
-from eagle3_pipeline.core.errors import StageError
-from eagle3_pipeline.targets.adapter import load_target_spec
+from eagle3_pipeline.data.record import PrepareRecord
+from eagle3_pipeline.targets.adapter import load_target_spec, read_json
+from eagle3_pipeline.targets.families import family_for_config
+from eagle3_pipeline.targets.tiny import REASONING_MARKERS as TINY_REASONING_MARKERS
 
 log = logging.getLogger(__name__)
 
@@ -56,14 +59,24 @@ def no_conversation_message(d: DataConfig, n_in: int, bad: ErrorLog, report: Pat
     source = f"data.path={d.path}" if d.source != "builtin" else "data.source=builtin"
     if n_in == 0:
         return (f"{source}: no conversation in it (empty); point data.path at a JSONL file "
-                "of conversations (OpenAI 'messages' or ShareGPT 'conversations')")  # fmt: skip
+                "of conversations (OpenAI 'messages' or ShareGPT 'conversations')")
     return (f"{source}: none of its {n_in} records is a usable conversation ({bad.summary()}); "
-            f"every one is listed in {report}")  # fmt: skip
+            f"every one is listed in {report}")
 
 
 def regenerate_cache_dir(cfg: Config) -> Path:
     """Outside every DVC output on purpose: it survives a failed or re-run stage."""
     return Path(cfg.paths.cache) / "regenerate"
+
+
+def reasoning_markers(cfg: Config, model_dir: Path) -> tuple[str, ...]:
+    """The reasoning-block markers of the target's family (the registry's, by the target's
+    ``config.json``). A tiny target speaks the tiny tokenizer's chat format whatever its
+    family (:mod:`eagle3_pipeline.targets.tiny`), so its markers are that format's."""
+    if cfg.model.tiny is not None:
+        return TINY_REASONING_MARKERS
+    config = read_json(model_dir / "config.json", "the target's config.json")
+    return family_for_config(config).reasoning_markers
 
 
 def target_content(cfg: Config, model_dir: Path) -> dict[str, Any]:
@@ -93,7 +106,7 @@ def make_backend(cfg: Config, spec: Any, model_dir: Path, tokenizer: Any, eot: l
         return HFBackend(
             model_dir, eot, pad, d.max_new_tokens, d.generate_batch_size,
             device="cuda" if cuda else "cpu", dtype=cfg.model.dtype if cuda else "float32",
-        )  # fmt: skip
+        )
     from eagle3_pipeline.serving.identity import expected_model
 
     s = d.server
@@ -104,7 +117,7 @@ def make_backend(cfg: Config, spec: Any, model_dir: Path, tokenizer: Any, eot: l
         s.base_url, d.max_new_tokens, expected=expected, model=s.model, api_key=api_key,
         concurrency=s.concurrency, timeout_s=s.timeout_s, retries=s.retries,
         temperature=s.temperature,
-    )  # fmt: skip
+    )
 
 
 def server_context(
@@ -124,8 +137,8 @@ def server_context(
                           log_file(cfg, "regenerate"))
 
 
-def prepare(cfg: Config, progress: bool = True) -> dict[str, Any]:
-    """Build every output in memory, then write them; return the metrics."""
+def prepare(cfg: Config, progress: bool = True) -> PrepareRecord:
+    """Build every output in memory, then write them; return the stage's record."""
     check_data_config(cfg)
     d = cfg.data
     t0 = time.perf_counter()
@@ -154,7 +167,8 @@ def prepare(cfg: Config, progress: bool = True) -> dict[str, Any]:
             key = {**backend.fingerprint(), "target": target_content(cfg, model_dir)}
             cache = GenerationCache(cache_path(regenerate_cache_dir(cfg), key))
             rows, stats = regenerate_rows(
-                train, backend, tokenizer, eot, d.max_seq_len, d.reasoning, cache, progress
+                train, backend, tokenizer, eot, d.max_seq_len, d.reasoning, cache, progress,
+                markers=reasoning_markers(cfg, model_dir),
             )
         errors.update(stats.errors)
         dropped.update(stats.dropped)
@@ -189,24 +203,24 @@ def prepare(cfg: Config, progress: bool = True) -> dict[str, Any]:
     atomic_write_text(heldout_path(cfg), held_text)
     lengths = [len(r["input_ids"]) for r in final]
     supervised = sum(sum(r["loss_mask"]) for r in final)
-    return {
-        "source": d.source,
-        "conversations_in": n_in,
-        "conversations_invalid": n_in - len(convs),
-        "conversations_heldout": len(held),
-        "conversations_train": len(train),
-        "rows": len(final),
-        "rows_dropped": dict(sorted(dropped.items())),
-        "rows_truncated": truncated,
-        "errors": dict(sorted(errors.items())),
-        "tokens": sum(lengths),
-        "supervised_tokens": supervised,
-        "mean_tokens_per_row": sum(lengths) / len(lengths),
-        "max_tokens_per_row": max(lengths),
-        "max_seq_len": d.max_seq_len,
-        "regenerate": d.regenerate,
-        "backend": d.regenerate_backend if d.regenerate else None,
-        "reasoning": d.reasoning,
-        **({"regeneration": regen} if regen else {}),
-        "wall_s": round(time.perf_counter() - t0, 3),
-    }
+    return PrepareRecord(
+        source=d.source,
+        conversations_in=n_in,
+        conversations_invalid=n_in - len(convs),
+        conversations_heldout=len(held),
+        conversations_train=len(train),
+        rows=len(final),
+        rows_dropped=dict(sorted(dropped.items())),
+        rows_truncated=truncated,
+        errors=dict(sorted(errors.items())),
+        tokens=sum(lengths),
+        supervised_tokens=supervised,
+        mean_tokens_per_row=sum(lengths) / len(lengths),
+        max_tokens_per_row=max(lengths),
+        max_seq_len=d.max_seq_len,
+        regenerate=d.regenerate,
+        backend=d.regenerate_backend if d.regenerate else None,
+        reasoning=d.reasoning,
+        regeneration=regen or None,
+        wall_s=round(time.perf_counter() - t0, 3),
+    )

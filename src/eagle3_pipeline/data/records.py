@@ -22,7 +22,7 @@ def count_records(data: DataConfig, seed: int) -> int | None:
     unknown: a Hugging Face dataset, or a file that cannot be read (the prepare stage
     reports that one)."""
     if data.source == "builtin":
-        from eagle3_pipeline.data.corpus import builtin_conversations
+        from eagle3_pipeline.core.corpus import builtin_conversations
 
         return len(builtin_conversations(seed))
     if data.source != "file" or not data.path:

@@ -34,7 +34,6 @@ from typing import Any, Protocol
 
 from eagle3_pipeline.core.config import ConfigError
 from eagle3_pipeline.data.conversations import Row, render_ids
-from eagle3_pipeline.targets.tiny import REASONING_MARKERS
 
 log = logging.getLogger(__name__)
 
@@ -141,20 +140,28 @@ def plan_turns(
 
 @dataclass
 class ReasoningMarkers:
-    """Token-level handling of the ``<think>...</think>`` block in generated ids."""
+    """Token-level handling of the reasoning block in generated ids, between ``markers``:
+    the target family's open / close (``<think>``, ``</think>``), or none."""
 
     tokenizer: Any
     mode: str = "keep"
     open_id: int | None = None
     close_id: int | None = None
+    markers: tuple[str, ...] = field(kw_only=True)
 
     def __post_init__(self) -> None:
         vocab = self.tokenizer.get_vocab()
-        self.open_id = vocab.get(REASONING_MARKERS[0])
-        self.close_id = vocab.get(REASONING_MARKERS[1])
+        op, cl = self.markers or (None, None)
+        self.open_id = vocab.get(op) if op is not None else None
+        self.close_id = vocab.get(cl) if cl is not None else None
+        if self.mode == "drop" and not self.markers:
+            raise ConfigError(
+                "data.reasoning=drop with regeneration needs the reasoning markers of the "
+                "target's family, and its family (targets/families/) declares none"
+            )
         if self.mode == "drop" and (self.open_id is None or self.close_id is None):
             raise ConfigError(
-                "data.reasoning=drop with regeneration needs <think> and </think> as single "
+                f"data.reasoning=drop with regeneration needs {op} and {cl} as single "
                 "tokens of the target's tokenizer (the reasoning is cut at the token level)"
             )
 
@@ -171,7 +178,9 @@ class ReasoningMarkers:
         body = ids[:-1] if ids and ids[-1] in eot_ids else ids
         text = self.tokenizer.decode(body, skip_special_tokens=False)
         msg: dict[str, Any] = {"role": "assistant", "content": text}
-        op, cl = REASONING_MARKERS
+        if not self.markers:
+            return msg
+        op, cl = self.markers
         if op in text and cl in text and text.index(op) < text.index(cl):
             head, _, rest = text.partition(op)
             reasoning, _, content = rest.partition(cl)
@@ -224,7 +233,7 @@ class _Rounds:
         self.bar = tqdm(
             total=sum(len(s) for _, s in self.plans), desc=f"regenerate ({backend.name})",
             unit="turn", disable=not progress, mininterval=1.0,
-        )  # fmt: skip
+        )
 
     def first(self) -> list[int]:
         return [i for i, (_, segs) in enumerate(self.plans) if segs]
@@ -293,15 +302,19 @@ def regenerate_rows(
     reasoning: str = "keep",
     cache: GenerationCache | None = None,
     progress: bool = True,
+    *,
+    markers: tuple[str, ...],
 ) -> tuple[list[Row], RegenStats]:
     """Rows whose supervised tokens are the target's own answers, turn by turn.
 
     All conversations advance one turn per round, so a round is one batch of requests.
     A failed request stops its conversation (earlier turns keep their rows); a context
     that already fills ``max_seq_len`` stops it too (nothing left to supervise).
+    ``markers``: the reasoning block's open / close of the target's family (the caller
+    asks the family registry), ``()`` when it has none.
     """
     cache = cache or GenerationCache(None)
-    think = ReasoningMarkers(tokenizer, reasoning)
+    think = ReasoningMarkers(tokenizer, reasoning, markers=markers)
     t0 = time.perf_counter()
     state = _Rounds(convs, backend, tokenizer, eot_ids, max_seq_len, think, cache, progress)
     active = state.first()

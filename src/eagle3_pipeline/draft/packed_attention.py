@@ -51,9 +51,16 @@ def pieces_for(attention_mask: Any, n: int, kv: int) -> list[tuple[int, int]] | 
     import torch
 
     m = attention_mask
-    if (m is None or m.dtype != torch.bool or m.dim() != 4 or m.shape[0] != 1
-            or m.shape[1] != 1 or kv % n or tuple(m.shape[-2:]) != (n, kv)
-            or n < 2 * MIN_PIECE):
+    if (
+        m is None
+        or m.dtype != torch.bool
+        or m.dim() != 4
+        or m.shape[0] != 1
+        or m.shape[1] != 1
+        or kv % n
+        or tuple(m.shape[-2:]) != (n, kv)
+        or n < 2 * MIN_PIECE
+    ):
         return None
     blocks = kv // n
     pieces = _pieces(m[0, 0, :, :n], MIN_PIECE)
@@ -68,9 +75,16 @@ def pieces_for(attention_mask: Any, n: int, kv: int) -> list[tuple[int, int]] | 
     return pieces
 
 
-def sdpa_packed_forward(module: Any, query: Any, key: Any, value: Any, attention_mask: Any,
-                        dropout: float = 0.0, scaling: float | None = None,
-                        **kwargs: Any) -> tuple[Any, None]:
+def sdpa_packed_forward(
+    module: Any,
+    query: Any,
+    key: Any,
+    value: Any,
+    attention_mask: Any,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[Any, None]:
     """Same signature and result as transformers' ``sdpa_attention_forward``, whose calls
     it makes per piece: the grouped keys repeated (as it does with a mask), then
     ``torch.nn.functional.scaled_dot_product_attention`` with the piece's mask."""
@@ -82,8 +96,9 @@ def sdpa_packed_forward(module: Any, query: Any, key: Any, value: Any, attention
     if kwargs.get("position_bias") is None and kwargs.get("cache") is None:
         pieces = pieces_for(attention_mask, n, kv)
     if pieces is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask,
-                                      dropout=dropout, scaling=scaling, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     groups = getattr(module, "num_key_value_groups", 1)
     key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     blocks = kv // n
@@ -99,9 +114,16 @@ def sdpa_packed_forward(module: Any, query: Any, key: Any, value: Any, attention
     for (s, e), q, k, v in zip(pieces, qs, ks, vs, strict=True):
         size = e - s
         sub = mask[s:e, s:e].reshape(1, 1, size, size * blocks)
-        outs.append(torch.nn.functional.scaled_dot_product_attention(
-            q, k.reshape(b, h, size * blocks, d), v.reshape(b, h, size * blocks, d),
-            attn_mask=sub, dropout_p=dropout, scale=scaling))
+        outs.append(
+            torch.nn.functional.scaled_dot_product_attention(
+                q,
+                k.reshape(b, h, size * blocks, d),
+                v.reshape(b, h, size * blocks, d),
+                attn_mask=sub,
+                dropout_p=dropout,
+                scale=scaling,
+            )
+        )
     return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None
 
 

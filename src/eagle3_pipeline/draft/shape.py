@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.core.config import ConfigError, DraftShapeConfig, TrainConfig
+from eagle3_pipeline.draft.layers import DRAFT_LAYERS, config_class
 from eagle3_pipeline.targets.adapter import TargetSpec
 from eagle3_pipeline.targets.families import reasoning_markers
 
-VLLM_DRAFT_LAYER_TYPES = ("llama", "qwen3")
 # Every registered family's reasoning markers; those in a target's vocabulary are kept.
 REASONING_MARKER_CANDIDATES = reasoning_markers()
 
@@ -59,11 +59,6 @@ def resolve_draft_shape(draft: DraftShapeConfig, spec: TargetSpec) -> DraftShape
     width for a dense target, 2 x hidden for a MoE target, whose dense ``intermediate_size``
     belongs to a few dense layers, not to its per-token compute.
     """
-    if draft.layer_type not in VLLM_DRAFT_LAYER_TYPES:
-        raise ConfigError(
-            f"train.draft.layer_type={draft.layer_type!r}: vLLM serves EAGLE-3 drafts of type "
-            f"{' or '.join(VLLM_DRAFT_LAYER_TYPES)} only"
-        )
     if draft.hidden_size is not None and draft.hidden_size != spec.hidden_size:
         raise ConfigError(
             f"train.draft.hidden_size={draft.hidden_size} differs from the target's hidden size "
@@ -97,8 +92,11 @@ def resolve_draft_shape(draft: DraftShapeConfig, spec: TargetSpec) -> DraftShape
         width = 2 * hidden
     else:
         width = spec.intermediate_size
-    for key, value in (("num_attention_heads", heads), ("head_dim", head_dim),
-                       ("intermediate_size", width)):
+    for key, value in (
+        ("num_attention_heads", heads),
+        ("head_dim", head_dim),
+        ("intermediate_size", width),
+    ):
         if value < 1:
             raise ConfigError(f"train.draft.{key}={value} must be >= 1")
     return DraftShape(
@@ -114,9 +112,13 @@ def resolve_draft_shape(draft: DraftShapeConfig, spec: TargetSpec) -> DraftShape
     )
 
 
-def estimate_parameters(shape: DraftShape, n_aux: int, draft_vocab_size: int,
-                        target_vocab_size: int,
-                        options: DraftShapeConfig | None = None) -> tuple[int, int]:
+def estimate_parameters(
+    shape: DraftShape,
+    n_aux: int,
+    draft_vocab_size: int,
+    target_vocab_size: int,
+    options: DraftShapeConfig | None = None,
+) -> tuple[int, int]:
     """``(trainable, frozen)`` parameter counts of the ``Eagle3DraftModel`` this shape
     builds, without building it (the train stage picks DDP or FSDP from them).
 
@@ -135,7 +137,8 @@ def estimate_parameters(shape: DraftShape, n_aux: int, draft_vocab_size: int,
 
     def layer(first: bool) -> int:
         inp = 2 * h if first else h
-        norms = 2 * h + (h if first else 0) + (2 * hd if shape.layer_type == "qwen3" else 0)
+        qk_norm = 2 * hd if DRAFT_LAYERS[shape.layer_type].qk_norm else 0
+        norms = 2 * h + (h if first else 0) + qk_norm
         return inp * (q + 2 * kv) + q * h + 3 * h * shape.intermediate_size + norms
 
     trainable = n_aux * h * h + sum(layer(i == 0) for i in range(shape.num_layers)) + h
@@ -199,8 +202,10 @@ def special_token_ids(model_dir: str | Path) -> dict[str, int]:
         eos = eos.get("content")
     if isinstance(eos, str) and eos in vocab:
         found[eos] = vocab[eos]
-    for source in (_read_json(model_dir / "generation_config.json"),
-                   _read_json(model_dir / "config.json")):
+    for source in (
+        _read_json(model_dir / "generation_config.json"),
+        _read_json(model_dir / "config.json"),
+    ):
         ids = source.get("eos_token_id")
         for tid in ids if isinstance(ids, list) else [ids]:
             if isinstance(tid, int):
@@ -218,7 +223,9 @@ def special_token_ids(model_dir: str | Path) -> dict[str, int]:
 
 
 def build_vocab_mapping(
-    token_freq: dict[int, int], draft_vocab_size: int, target_vocab_size: int,
+    token_freq: dict[int, int],
+    draft_vocab_size: int,
+    target_vocab_size: int,
     required_ids: list[int],
 ) -> tuple[Any, Any]:
     """``(d2t, t2d)`` for the ``draft_vocab_size`` most frequent supervised tokens, always
@@ -261,12 +268,9 @@ def load_token_freq(path: str | Path) -> dict[int, int]:
 
 
 def transformer_layer_config(shape: DraftShape, vocab_size: int, n_aux: int, attn: str) -> Any:
-    """The draft decoder config (llama or qwen3), with vLLM's fields written explicitly."""
-    from transformers import LlamaConfig
-    from transformers.models.qwen3.configuration_qwen3 import Qwen3Config
-
-    cls = LlamaConfig if shape.layer_type == "llama" else Qwen3Config
-    cfg = cls(
+    """The draft decoder config (its layer type's class), with vLLM's fields written
+    explicitly."""
+    cfg = config_class(DRAFT_LAYERS[shape.layer_type])(
         vocab_size=vocab_size,
         hidden_size=shape.hidden_size,
         intermediate_size=shape.intermediate_size,

@@ -86,8 +86,12 @@ def experiments_from_json(shown: list[dict[str, Any]]) -> list[Experiment]:
                     rows.append(e)
     rows = [r for r in rows if any(v is not None for v in r.figures.values())]
     # after `dvc exp run` the workspace holds that experiment's results: one row is enough
-    return [r for r in rows if r.rev != "workspace" or not any(
-        o is not r and (o.params, o.figures) == (r.params, r.figures) for o in rows)]
+    return [
+        r
+        for r in rows
+        if r.rev != "workspace"
+        or not any(o is not r and (o.params, o.figures) == (r.params, r.figures) for o in rows)
+    ]
 
 
 def changed_params(rows: list[Experiment]) -> list[str]:
@@ -95,13 +99,21 @@ def changed_params(rows: list[Experiment]) -> list[str]:
     keys: list[str] = []
     for r in rows:
         keys += [k for k in r.params if k not in keys]
-    return [k for k in keys if not k.startswith(IGNORED_PARAMS)
-            and len({json.dumps(r.params.get(k), sort_keys=True) for r in rows}) > 1]  # fmt: skip
+    return [
+        k
+        for k in keys
+        if not k.startswith(IGNORED_PARAMS)
+        and len({json.dumps(r.params.get(k), sort_keys=True) for r in rows}) > 1
+    ]
 
 
 def dvc_exp_show(cwd: Path, extra: list[str]) -> list[dict[str, Any]]:
-    proc = subprocess.run([sys.executable, "-m", "dvc", "exp", "show", "--json", *extra],
-                          cwd=cwd, capture_output=True, text=True)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "dvc", "exp", "show", "--json", *extra],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise SystemExit(f"error: compare: dvc exp show failed in {cwd}: {tail}")
@@ -114,13 +126,25 @@ def main(argv: list[str] | None = None) -> int:
         description="Acceptance length, vLLM speedup and val loss of every DVC experiment, "
         "with the params that differ: a table, and a PNG.",
     )
-    ap.add_argument("--out", type=Path, default=Path("compare.png"),
-                    help="where to write the PNG (default: compare.png)")  # fmt: skip
-    ap.add_argument("--json", type=Path, dest="from_json",
-                    help="read a saved `dvc exp show --json` instead of running it")  # fmt: skip
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=Path("compare.png"),
+        help="where to write the PNG (default: compare.png)",
+    )
+    ap.add_argument(
+        "--json",
+        type=Path,
+        dest="from_json",
+        help="read a saved `dvc exp show --json` instead of running it",
+    )
     ap.add_argument("--repo", type=Path, default=Path("."), help="the DVC project (default: .)")
-    ap.add_argument("-A", "--all-commits", action="store_true",
-                    help="experiments of every commit, not only HEAD's (dvc exp show -A)")  # fmt: skip
+    ap.add_argument(
+        "-A",
+        "--all-commits",
+        action="store_true",
+        help="experiments of every commit, not only HEAD's (dvc exp show -A)",
+    )
     args = ap.parse_args(argv)
     from eagle3_pipeline.experiments.render import render_png, render_table
 
@@ -130,8 +154,11 @@ def main(argv: list[str] | None = None) -> int:
         shown = dvc_exp_show(args.repo, ["-A"] if args.all_commits else [])
     rows = experiments_from_json(shown)
     if not rows:
-        print("error: compare: no experiment has validated yet (dvc repro, then "
-              "dvc exp run -S train.samples=...)", file=sys.stderr)  # fmt: skip
+        print(
+            "error: compare: no experiment has validated yet (dvc repro, then "
+            "dvc exp run -S train.samples=...)",
+            file=sys.stderr,
+        )
         return 1
     params = changed_params(rows)
     # a figure no experiment has (best K without validate.k_sweep) is not a column

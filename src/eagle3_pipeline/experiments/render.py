@@ -24,11 +24,19 @@ def label(row: Any, params: list[str]) -> str:
 
 def render_table(rows: list[Any], params: list[str], figures: list[str]) -> str:
     header = ["experiment", *params, *figures]
-    body = [[r.name, *(_fmt(r.params.get(p)) for p in params),
-             *(_fmt(r.figures.get(f)) for f in figures)] for r in rows]  # fmt: skip
+    body = [
+        [
+            r.name,
+            *(_fmt(r.params.get(p)) for p in params),
+            *(_fmt(r.figures.get(f)) for f in figures),
+        ]
+        for r in rows
+    ]
     widths = [max(len(str(x)) for x in col) for col in zip(header, *body, strict=True)]
-    lines = ["  ".join(str(x).ljust(w) for x, w in zip(line, widths, strict=True)).rstrip()
-             for line in (header, *body)]  # fmt: skip
+    lines = [
+        "  ".join(str(x).ljust(w) for x, w in zip(line, widths, strict=True)).rstrip()
+        for line in (header, *body)
+    ]
     return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
 
 
@@ -41,8 +49,13 @@ def render_png(rows: list[Any], params: list[str], figures: list[str], out: Path
     import matplotlib.pyplot as plt
 
     labels = [label(r, params) for r in rows]
-    fig, axes = plt.subplots(1, len(figures), figsize=(5 * len(figures), 0.5 * len(rows) + 1.8),
-                             sharey=True, squeeze=False)  # fmt: skip
+    fig, axes = plt.subplots(
+        1,
+        len(figures),
+        figsize=(5 * len(figures), 0.5 * len(rows) + 1.8),
+        sharey=True,
+        squeeze=False,
+    )
     for ax, name in zip(axes[0], figures, strict=True):
         values = [r.figures.get(name) for r in rows]
         ax.barh(range(len(rows)), [v or 0.0 for v in values], color="tab:blue")

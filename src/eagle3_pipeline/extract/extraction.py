@@ -11,6 +11,7 @@ import logging
 import os
 import resource
 import shutil
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ from eagle3_pipeline.extract.manifest import (
     remove_stale_temps,
     verify_token_ids,
 )
+from eagle3_pipeline.extract.record import ExtractRecord
 from eagle3_pipeline.extract.rows import Rows, load_rows
 from eagle3_pipeline.targets.adapter import TargetSpec, load_target_spec
 
@@ -70,7 +72,9 @@ def _check_layers(spec: TargetSpec, cfg: Config) -> None:
 def _check_config(cfg: Config) -> None:
     e = cfg.extract
     if not 0 <= e.rank < e.world_size:
-        raise ConfigError(f"extract.rank={e.rank} must be in [0, extract.world_size={e.world_size})")
+        raise ConfigError(
+            f"extract.rank={e.rank} must be in [0, extract.world_size={e.world_size})"
+        )
     if e.on_mismatch not in ("refuse", "restart"):
         raise ConfigError(f"extract.on_mismatch={e.on_mismatch!r} is not one of refuse, restart")
     if e.batch_tokens < 1 or e.plan_rows < 1 or e.writer_queue < 1:
@@ -86,7 +90,9 @@ def prepare_output(out: Path) -> bool:
         probe.write_bytes(b"ok")
         probe.unlink()
     except OSError as exc:
-        raise StageError(f"{out}: output directory is not writable ({exc.strerror or exc})") from None
+        raise StageError(
+            f"{out}: output directory is not writable ({exc.strerror or exc})"
+        ) from None
     return created
 
 
@@ -110,7 +116,9 @@ def begin(cfg: Config, backend: str) -> Extraction:
     spec, model_dir, tok_sha = checked_target(cfg)
     out = output_dir(cfg)
     old_count = manifest_count(out)
-    rows = load_rows(prepared_rows_dir(cfg), spec.vocab_size, prefix_at=[old_count] if old_count else [])
+    rows = load_rows(
+        prepared_rows_dir(cfg), spec.vocab_size, prefix_at=[old_count] if old_count else []
+    )
     created = prepare_output(out)
     remove_stale_temps(out)
     key = manifest_key(spec, model_dir, cfg.extract.dtype, backend, tok_sha)
@@ -122,13 +130,15 @@ def begin(cfg: Config, backend: str) -> Extraction:
         if created:
             shutil.rmtree(out, ignore_errors=True)
         raise
-    reusable = drop_damaged(reusable, rows, len(spec.aux_layer_ids) + 1, spec.hidden_size,
-                            cfg.extract.dtype)
+    reusable = drop_damaged(
+        reusable, rows, len(spec.aux_layer_ids) + 1, spec.hidden_size, cfg.extract.dtype
+    )
     return Extraction(spec, model_dir, rows, out, key, reusable, created)
 
 
-def drop_damaged(files: dict[int, Path], rows: Rows, n_layers: int, hidden: int,
-                 dtype: str) -> dict[int, Path]:
+def drop_damaged(
+    files: dict[int, Path], rows: Rows, n_layers: int, hidden: int, dtype: str
+) -> dict[int, Path]:
     """The files that are whole (header checked against size and shape); a damaged one is
     removed -- with any DVC cache object it shares its bytes with -- and redone."""
     kept: dict[int, Path] = {}
@@ -140,8 +150,11 @@ def drop_damaged(files: dict[int, Path], rows: Rows, n_layers: int, hidden: int,
             damaged.append(p)
             release_damaged(p)
     if damaged:
-        log.warning("%d damaged hidden-state file(s) removed and redone: %s", len(damaged),
-                    ", ".join(p.name for p in damaged[:5]) + (" ..." if len(damaged) > 5 else ""))
+        log.warning(
+            "%d damaged hidden-state file(s) removed and redone: %s",
+            len(damaged),
+            ", ".join(p.name for p in damaged[:5]) + (" ..." if len(damaged) > 5 else ""),
+        )
     return kept
 
 
@@ -163,6 +176,48 @@ def check_output_disk(out: Path, need: int) -> None:
 
 def peak_rss_bytes() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def extract_record(
+    cfg: Config,
+    spec: TargetSpec,
+    rows: Rows,
+    *,
+    backend: str,
+    started: float,
+    written: int,
+    reused: int,
+    tokens_computed: int,
+    compute_s: float,
+    bytes_written: int,
+    **figures: Any,
+) -> ExtractRecord:
+    """The stage's record, for every backend and mode: what they share is filled here once
+    (``started``: the run's ``time.perf_counter()`` at its start; ``compute_s``: the time
+    spent computing ``tokens_computed``); ``figures`` are the backend's own optional fields
+    of :class:`ExtractRecord`."""
+    e = cfg.extract
+    return ExtractRecord(
+        mode=str(e.mode),
+        backend=backend,
+        hardware=cfg.hardware.name,
+        target=spec.name,
+        aux_layer_ids=list(spec.aux_layer_ids),
+        dtype=str(e.dtype),
+        rank=e.rank,
+        world_size=e.world_size,
+        samples=len(rows),
+        tokens=rows.tokens,
+        samples_written=written,
+        samples_reused=reused,
+        tokens_computed=tokens_computed,
+        tokens_per_s=tokens_computed / compute_s if compute_s > 0 else 0.0,
+        wall_s=time.perf_counter() - started,
+        bytes_written=bytes_written,
+        bytes_per_token=bytes_written / tokens_computed if tokens_computed else 0.0,
+        peak_rss_bytes=peak_rss_bytes(),
+        **figures,
+    )
 
 
 def cleanup_if_empty(ex: Extraction, wrote_manifest: bool) -> None:

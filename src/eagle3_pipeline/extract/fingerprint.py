@@ -19,8 +19,15 @@ from eagle3_pipeline.core.errors import StageError
 # Tokenizer files whose bytes define the token ids (the fingerprint a prepared dataset
 # and the hidden states must share).
 TOKENIZER_PATTERNS = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-    "*.tiktoken", "vocab.json", "vocab.txt", "merges.txt", "added_tokens.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "*.tiktoken",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "added_tokens.json",
 )
 # Hash every weight byte up to this total; beyond it, a sampled fingerprint (size + the
 # first and last MiB of each shard) keeps a 1T target from costing an hour of hashing.

@@ -22,9 +22,10 @@ from eagle3_pipeline.extract.extraction import (
     bytes_needed,
     check_output_disk,
     cleanup_if_empty,
-    peak_rss_bytes,
+    extract_record,
 )
 from eagle3_pipeline.extract.manifest import write_manifest
+from eagle3_pipeline.extract.record import ExtractRecord
 from eagle3_pipeline.extract.writer import FAULT_NAME, BatchWriter, Timings
 from eagle3_pipeline.targets.capture import Capture, check_capture, forward_batch, pad_id
 from eagle3_pipeline.targets.loading import LanguageModel, load_language_model
@@ -57,9 +58,9 @@ def plan_work(ex: Extraction, cfg: Config) -> Work:
     return Work(plan, mine, done, todo)
 
 
-def extract_hf(cfg: Config, progress: bool = True) -> dict[str, Any]:
+def extract_hf(cfg: Config, progress: bool = True) -> ExtractRecord:
     """The ``hf`` backend: run the target's language model over the prepared rows and
-    write their hidden states; resumable, split by rank. Returns the stage metrics."""
+    write their hidden states; resumable, split by rank. Returns the stage's record."""
     t_start = time.perf_counter()
     ex = begin(cfg, "hf")
     e = cfg.extract
@@ -70,71 +71,77 @@ def extract_hf(cfg: Config, progress: bool = True) -> dict[str, Any]:
     timings = Timings()
     stats: dict[str, Any] = {"tokens_computed": 0, "padded_tokens": 0}
     try:
-        check_output_disk(ex.out, bytes_needed(ex.rows, work.rows_todo(), n_layers, spec.hidden_size, e.dtype))
+        check_output_disk(
+            ex.out, bytes_needed(ex.rows, work.rows_todo(), n_layers, spec.hidden_size, e.dtype)
+        )
         lm = None
         if work.todo:
             lm = load_language_model(
                 spec, ex.model_dir, cfg.model.dtype, cfg.hardware.device, cfg.hardware.gpu_count
             )
-        write_manifest(ex.out, ex.key, ex.rows, {"plan": {"batch_tokens": e.batch_tokens,
-                                                          "plan_rows": e.plan_rows,
-                                                          "batches": len(work.plan)}})
+        write_manifest(
+            ex.out,
+            ex.key,
+            ex.rows,
+            {"batch_tokens": e.batch_tokens, "plan_rows": e.plan_rows, "batches": len(work.plan)},
+        )
         wrote_manifest = True
         if lm is not None:
             _run_batches(lm, ex, cfg, work, timings, stats, progress)
     except BaseException:
         cleanup_if_empty(ex, wrote_manifest)
         raise
-    return _metrics(cfg, ex, work, timings, stats, time.perf_counter() - t_start)
+    return _record(cfg, ex, work, timings, stats, t_start)
 
 
-def _metrics(
-    cfg: Config, ex: Extraction, work: Work, timings: Timings, stats: dict[str, Any], wall: float
-) -> dict[str, Any]:
+def _record(
+    cfg: Config,
+    ex: Extraction,
+    work: Work,
+    timings: Timings,
+    stats: dict[str, Any],
+    started: float,
+) -> ExtractRecord:
     import torch
 
-    e = cfg.extract
-    compute_wall = stats.get("loop_wall_s", 0.0)
     tokens = stats["tokens_computed"]
-    metrics = {
-        "backend": "hf",
-        "hardware": cfg.hardware.name,
-        "target": ex.spec.name,
-        "aux_layer_ids": list(ex.spec.aux_layer_ids),
-        "dtype": e.dtype,
-        "rank": e.rank,
-        "world_size": e.world_size,
-        "samples": len(ex.rows),
-        "tokens": ex.rows.tokens,
-        "samples_written": timings.files_written,
-        "samples_reused": sum(1 for _, b in work.mine for i in b if i in work.done),
-        "tokens_computed": tokens,
-        "batches_total": len(work.plan),
-        "batches_rank": len(work.mine),
-        "batches_computed": len(work.todo),
-        "batches_skipped": len(work.mine) - len(work.todo),
-        "padding_efficiency": tokens / stats["padded_tokens"] if stats["padded_tokens"] else 1.0,
-        "tokens_per_s": tokens / compute_wall if compute_wall > 0 else 0.0,
-        "wall_s": wall,
-        "compute_wall_s": compute_wall,
-        "forward_s": timings.forward_s,
-        "capture_s": timings.capture_s,
-        "serialize_s": timings.serialize_s,
-        "fsync_s": timings.fsync_s,
-        "queue_wait_s": timings.queue_wait_s,
-        "bytes_written": timings.bytes_written,
-        "bytes_per_token": timings.bytes_written / tokens if tokens else 0.0,
-        "peak_rss_bytes": peak_rss_bytes(),
-        "threads": torch.get_num_threads(),
-    }
-    if torch.cuda.is_available():
-        metrics["peak_gpu_memory_bytes"] = int(torch.cuda.max_memory_allocated())
-    return metrics
+    return extract_record(
+        cfg,
+        ex.spec,
+        ex.rows,
+        backend="hf",
+        started=started,
+        written=timings.files_written,
+        reused=sum(1 for _, b in work.mine for i in b if i in work.done),
+        tokens_computed=tokens,
+        compute_s=stats.get("loop_wall_s", 0.0),
+        bytes_written=timings.bytes_written,
+        batches_total=len(work.plan),
+        batches_rank=len(work.mine),
+        batches_computed=len(work.todo),
+        batches_skipped=len(work.mine) - len(work.todo),
+        padding_efficiency=tokens / stats["padded_tokens"] if stats["padded_tokens"] else 1.0,
+        compute_wall_s=stats.get("loop_wall_s", 0.0),
+        forward_s=timings.forward_s,
+        capture_s=timings.capture_s,
+        serialize_s=timings.serialize_s,
+        fsync_s=timings.fsync_s,
+        queue_wait_s=timings.queue_wait_s,
+        threads=torch.get_num_threads(),
+        peak_gpu_memory_bytes=(
+            int(torch.cuda.max_memory_allocated()) if torch.cuda.is_available() else None
+        ),
+    )
 
 
 def _run_batches(
-    lm: LanguageModel, ex: Extraction, cfg: Config, work: Work, timings: Timings,
-    stats: dict[str, Any], progress: bool,
+    lm: LanguageModel,
+    ex: Extraction,
+    cfg: Config,
+    work: Work,
+    timings: Timings,
+    stats: dict[str, Any],
+    progress: bool,
 ) -> None:
     """Forward every batch to compute and hand its new rows to the writer thread; on any
     failure the writer stops after its current file (complete files stay resumable)."""
@@ -148,8 +155,14 @@ def _run_batches(
     capture = Capture(lm, ex.spec.aux_layer_ids)
     writer = BatchWriter(ex.out, e.writer_queue, e.fsync, timings, fail_after)
     total = sum(ex.rows.lengths[i] for _, b in work.todo for i in b)
-    bar = tqdm(total=total, unit="tok", unit_scale=True, desc=f"extract hf rank {e.rank}",
-               disable=not progress, mininterval=1.0)
+    bar = tqdm(
+        total=total,
+        unit="tok",
+        unit_scale=True,
+        desc=f"extract hf rank {e.rank}",
+        disable=not progress,
+        mininterval=1.0,
+    )
     t0 = time.perf_counter()
     ok = False
     try:

@@ -9,17 +9,17 @@ directory whose manifest carries exactly its key, and only reuses files that are
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.core.config import ConfigError
 from eagle3_pipeline.core.errors import StageError
-from eagle3_pipeline.core.io import atomic_write_json
+from eagle3_pipeline.core.records import RecordError
 from eagle3_pipeline.core.safetensors import read_header
 from eagle3_pipeline.extract.fingerprint import weights_fingerprint
 from eagle3_pipeline.extract.layout import FILE_RE, FORMAT, MANIFEST, TMP_GLOB
+from eagle3_pipeline.extract.record import ExtractManifest
 from eagle3_pipeline.extract.rows import Rows
 from eagle3_pipeline.targets.adapter import TargetSpec
 
@@ -78,13 +78,14 @@ def existing_files(out: Path) -> dict[int, Path]:
 
 
 def _manifest_problems(mpath: Path, key: dict[str, Any], rows: Rows) -> list[str]:
-    """Why the files under an existing manifest cannot be reused for ``key`` and ``rows``."""
+    """Why the files under an existing manifest cannot be reused for ``key`` and ``rows``
+    (a manifest of another schema version among them: nothing says what its files hold)."""
     try:
-        old = json.loads(mpath.read_text(encoding="utf-8"))
-    except ValueError as exc:
-        raise StageError(f"{mpath}: not valid JSON ({exc})") from None
-    problems = _diff({k: old.get(k) for k in key}, key)
-    samples = old.get("samples") or {}
+        old = ExtractManifest.read(mpath)
+    except RecordError as exc:
+        return [f"{MANIFEST}: {exc.problem}"]
+    problems = _diff({k: getattr(old, k) for k in key}, key)
+    samples = old.samples
     n_old = int(samples.get("count", 0))
     if not problems and 0 < n_old <= len(rows):
         if rows.prefix_sha256.get(n_old) != samples.get("input_ids_sha256"):
@@ -95,9 +96,7 @@ def _manifest_problems(mpath: Path, key: dict[str, Any], rows: Rows) -> list[str
     return problems
 
 
-def check_manifest(
-    out: Path, key: dict[str, Any], rows: Rows, on_mismatch: str
-) -> dict[int, Path]:
+def check_manifest(out: Path, key: dict[str, Any], rows: Rows, on_mismatch: str) -> dict[int, Path]:
     """Decide what existing files may be reused; refuse (or, with
     ``on_mismatch=restart``, delete) files of another target/revision/layers/dtype or of
     rows that are neither a prefix nor an extension of these. Returns the reusable files."""
@@ -122,18 +121,30 @@ def check_manifest(
     )
 
 
-def write_manifest(out: Path, key: dict[str, Any], rows: Rows, extra: dict[str, Any]) -> None:
-    """Deterministic content (no timestamps): every rank writes the same bytes."""
-    data = dict(key)
-    data["samples"] = {"count": len(rows), "tokens": rows.tokens, "input_ids_sha256": rows.sha256}
-    data.update(extra)
-    atomic_write_json(out / MANIFEST, data)
+def write_manifest(
+    out: Path,
+    key: dict[str, Any],
+    rows: Rows,
+    plan: dict[str, Any],
+    online: dict[str, Any] | None = None,
+) -> ExtractManifest:
+    """Deterministic content (no timestamps): every rank writes the same bytes. ``online``:
+    the engine the train stage starts (extract.mode=online, no files)."""
+    manifest = ExtractManifest(
+        **key,
+        samples={"count": len(rows), "tokens": rows.tokens, "input_ids_sha256": rows.sha256},
+        plan=plan,
+        mode="offline" if online is None else "online",
+        online=online,
+    )
+    manifest.write(out / MANIFEST)
+    return manifest
 
 
 def manifest_count(out: Path) -> int:
     """How many rows the existing files were extracted from (0 when unknown)."""
-    with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
-        return int(json.loads((out / MANIFEST).read_text())["samples"]["count"])
+    with contextlib.suppress(RecordError, TypeError, ValueError):
+        return int(ExtractManifest.read(out / MANIFEST).samples["count"])
     return 0
 
 

@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from eagle3_pipeline.core.config import Config, ConfigError
-from eagle3_pipeline.extract.extraction import checked_target, peak_rss_bytes, prepare_output
+from eagle3_pipeline.extract.extraction import checked_target, extract_record, prepare_output
 from eagle3_pipeline.extract.layout import MANIFEST, output_dir, prepared_rows_dir
 from eagle3_pipeline.extract.manifest import (
     existing_files,
@@ -27,6 +27,7 @@ from eagle3_pipeline.extract.manifest import (
     remove_stale_temps,
     write_manifest,
 )
+from eagle3_pipeline.extract.record import ExtractRecord
 from eagle3_pipeline.extract.rows import load_rows
 from eagle3_pipeline.extract.vllm_backend import vllm_layer_ids
 from eagle3_pipeline.serving.engine import STAGING_PLACEHOLDER, build_engine, log_file
@@ -49,7 +50,7 @@ def online_section(cfg: Config, engine: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def record_online(cfg: Config) -> dict[str, Any]:
+def record_online(cfg: Config) -> ExtractRecord:
     """The checks of an offline extraction, then the manifest for online training."""
     t0 = time.perf_counter()
     if cfg.extract.world_size != 1:
@@ -76,30 +77,31 @@ def record_online(cfg: Config) -> dict[str, Any]:
     for f in old.values():
         f.unlink()
     if old:
-        log.info("%s: removed %d offline hidden-state files (online mode stores none; "
-                 "DVC's cache keeps them)", out, len(old))
+        log.info(
+            "%s: removed %d offline hidden-state files (online mode stores none; "
+            "DVC's cache keeps them)",
+            out,
+            len(old),
+        )
     key = manifest_key(spec, model_dir, cfg.extract.dtype, "vllm", tok_sha)
-    write_manifest(out, key, rows, {
-        "mode": "online",
-        "plan": {"vllm_layer_ids": vllm_layer_ids(spec)},
-        "online": online_section(cfg, engine.to_dict()),
-    })
-    return {
-        "mode": "online",
-        "backend": "vllm",
-        "hardware": cfg.hardware.name,
-        "target": spec.name,
-        "aux_layer_ids": list(spec.aux_layer_ids),
-        "vllm_layer_ids": vllm_layer_ids(spec),
-        "dtype": cfg.extract.dtype,
-        "samples": len(rows),
-        "tokens": rows.tokens,
-        "samples_written": 0,
-        "samples_reused": 0,
-        "offline_files_removed": len(old),
-        "tokens_per_s": 0.0,
-        "wall_s": time.perf_counter() - t0,
-        "bytes_written": (out / MANIFEST).stat().st_size,
-        "bytes_per_token": 0.0,
-        "peak_rss_bytes": peak_rss_bytes(),
-    }
+    write_manifest(
+        out,
+        key,
+        rows,
+        {"vllm_layer_ids": vllm_layer_ids(spec)},
+        online=online_section(cfg, engine.to_dict()),
+    )
+    return extract_record(
+        cfg,
+        spec,
+        rows,
+        backend="vllm",
+        started=t0,
+        written=0,
+        reused=0,
+        tokens_computed=0,
+        compute_s=0.0,
+        bytes_written=(out / MANIFEST).stat().st_size,
+        vllm_layer_ids=vllm_layer_ids(spec),
+        offline_files_removed=len(old),
+    )

@@ -110,7 +110,9 @@ def load_rows(path: Path, vocab_size: int, prefix_at: Sequence[int] = ()) -> Row
         seq_lens = chunk["seq_len"] if has_seq_len else None
         for j, ids in enumerate(chunk["input_ids"]):
             row = start + j
-            arr = _checked_row(path, row, ids, None if seq_lens is None else seq_lens[j], vocab_size)
+            arr = _checked_row(
+                path, row, ids, None if seq_lens is None else seq_lens[j], vocab_size
+            )
             lengths.append(int(arr.shape[0]))
             h.update(_row_bytes(arr))
             if row + 1 in wanted:

@@ -23,7 +23,6 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from eagle3_pipeline.compat.offline_client import MODULE as OFFLINE_CLIENT
 from eagle3_pipeline.compat.offline_client import client_env
@@ -35,10 +34,11 @@ from eagle3_pipeline.extract.extraction import (
     bytes_needed,
     check_output_disk,
     cleanup_if_empty,
-    peak_rss_bytes,
+    extract_record,
 )
 from eagle3_pipeline.extract.layout import hs_path
 from eagle3_pipeline.extract.manifest import write_manifest
+from eagle3_pipeline.extract.record import ExtractRecord
 from eagle3_pipeline.extract.rows import Rows
 from eagle3_pipeline.extract.writer import Timings, save_hidden_states
 from eagle3_pipeline.serving.engine import build_engine, log_file
@@ -63,16 +63,26 @@ def client_command(cfg: Config, spec: TargetSpec, prepared: Path, out: Path) -> 
     API key (speculators' client sends none)."""
     e = cfg.extract
     return [
-        sys.executable, "-m", OFFLINE_CLIENT, "generate-offline-data",
-        "--endpoint", f"http://127.0.0.1:{e.server.port}/v1",
-        "--model", spec.name,
-        "--preprocessed-data", str(prepared),
-        "--output", str(out),
-        "--concurrency", str(e.server.concurrency),
+        sys.executable,
+        "-m",
+        OFFLINE_CLIENT,
+        "generate-offline-data",
+        "--endpoint",
+        f"http://127.0.0.1:{e.server.port}/v1",
+        "--model",
+        spec.name,
+        "--preprocessed-data",
+        str(prepared),
+        "--output",
+        str(out),
+        "--concurrency",
+        str(e.server.concurrency),
         "--validate-outputs",
         "--fail-on-error",
-        "--world-size", str(e.world_size),
-        "--rank", str(e.rank),
+        "--world-size",
+        str(e.world_size),
+        "--rank",
+        str(e.rank),
     ]
 
 
@@ -80,8 +90,14 @@ def client_command(cfg: Config, spec: TargetSpec, prepared: Path, out: Path) -> 
 
 
 def validate_and_convert(
-    rows: Rows, out: Path, indices: Sequence[int], n_layers: int, hidden: int, dtype: str,
-    fsync: bool = True, timings: Timings | None = None,
+    rows: Rows,
+    out: Path,
+    indices: Sequence[int],
+    n_layers: int,
+    hidden: int,
+    dtype: str,
+    fsync: bool = True,
+    timings: Timings | None = None,
 ) -> int:
     """Check each file the server wrote against its row (keys, token ids, shape, finite
     values) and rewrite it in ``dtype`` when it differs. A bad file is deleted and named:
@@ -108,7 +124,9 @@ def validate_and_convert(
             elif not np.array_equal(tok.numpy(), rows.input_ids([i])[0]):
                 problem = "token_ids differ from the row's input_ids"
             elif list(hs.shape) != [rows.lengths[i], n_layers, hidden]:
-                problem = f"hidden_states shape {list(hs.shape)} != {[rows.lengths[i], n_layers, hidden]}"
+                problem = (
+                    f"hidden_states shape {list(hs.shape)} != {[rows.lengths[i], n_layers, hidden]}"
+                )
             elif not bool(torch.isfinite(hs).all()):
                 problem = "non-finite hidden states"
         if problem is not None:
@@ -120,7 +138,7 @@ def validate_and_convert(
     return converted
 
 
-def extract_vllm(cfg: Config) -> dict[str, Any]:
+def extract_vllm(cfg: Config) -> ExtractRecord:
     """Serve the target with the extract-hidden-states config, drive speculators' client
     over the prepared rows, validate the files, always shut the server down."""
     t0 = time.perf_counter()
@@ -129,8 +147,10 @@ def extract_vllm(cfg: Config) -> dict[str, Any]:
     n_layers = len(spec.aux_layer_ids) + 1
     longest = max(rows.lengths)
     # what the engine gets: the profile's length, capped at the model's window
-    window = min(cfg.hardware.serving.max_model_len,
-                 spec.max_position_embeddings or cfg.hardware.serving.max_model_len)
+    window = min(
+        cfg.hardware.serving.max_model_len,
+        spec.max_position_embeddings or cfg.hardware.serving.max_model_len,
+    )
     if longest + 1 > window:
         raise StageError(
             f"{rows.path}: a row of {longest} tokens does not fit vLLM's max_model_len "
@@ -142,8 +162,10 @@ def extract_vllm(cfg: Config) -> dict[str, Any]:
     wrote_manifest = False
     timings = Timings()
     try:
-        check_output_disk(out, bytes_needed(rows, todo, n_layers, spec.hidden_size, cfg.extract.dtype))
-        write_manifest(out, ex.key, rows, {"plan": {"vllm_layer_ids": vllm_layer_ids(spec)}})
+        check_output_disk(
+            out, bytes_needed(rows, todo, n_layers, spec.hidden_size, cfg.extract.dtype)
+        )
+        write_manifest(out, ex.key, rows, {"vllm_layer_ids": vllm_layer_ids(spec)})
         wrote_manifest = True
         staging = out / STAGING
         gen_wall = 0.0
@@ -151,9 +173,13 @@ def extract_vllm(cfg: Config) -> dict[str, Any]:
             staging.mkdir(exist_ok=True)
             engine = build_engine(cfg, spec, ex.model_dir, "extract", staging=staging)
             server = engine_server(
-                engine, find_python(cfg.vllm.python), cfg.extract.server.port,
-                log_file(cfg, "extract"), cfg.vllm.startup_timeout_s,
-                cfg.vllm.shutdown_timeout_s, port_key="extract.server.port",
+                engine,
+                find_python(cfg.vllm.python),
+                cfg.extract.server.port,
+                log_file(cfg, "extract"),
+                cfg.vllm.startup_timeout_s,
+                cfg.vllm.shutdown_timeout_s,
+                port_key="extract.server.port",
             )
             with server:
                 g0 = time.perf_counter()
@@ -163,43 +189,44 @@ def extract_vllm(cfg: Config) -> dict[str, Any]:
                 gen_wall = time.perf_counter() - g0
                 if rc != 0:
                     died = server.death()
-                    raise StageError(f"{died}; rerun (`dvc repro`) to resume" if died else
-                                     f"speculators generate-offline-data exited with {rc}")
+                    raise StageError(
+                        f"{died}; rerun (`dvc repro`) to resume"
+                        if died
+                        else f"speculators generate-offline-data exited with {rc}"
+                    )
         converted = validate_and_convert(
-            rows, out, todo, n_layers, spec.hidden_size, cfg.extract.dtype,
-            cfg.extract.fsync, timings,
+            rows,
+            out,
+            todo,
+            n_layers,
+            spec.hidden_size,
+            cfg.extract.dtype,
+            cfg.extract.fsync,
+            timings,
         )
         with contextlib.suppress(OSError):
             staging.rmdir()
     except BaseException:
         cleanup_if_empty(ex, wrote_manifest)
         raise
-    tokens = sum(rows.lengths[i] for i in todo)
-    written = sum(hs_path(out, i).stat().st_size for i in todo)
-    return {
-        "backend": "vllm",
-        "hardware": cfg.hardware.name,
-        "target": spec.name,
-        "aux_layer_ids": list(spec.aux_layer_ids),
-        "vllm_layer_ids": vllm_layer_ids(spec),
-        "dtype": cfg.extract.dtype,
-        "rank": cfg.extract.rank,
-        "world_size": cfg.extract.world_size,
-        "samples": len(rows),
-        "tokens": rows.tokens,
-        "samples_written": len(todo),
-        "samples_reused": len(mine) - len(todo),
-        "samples_converted": converted,
-        "tokens_computed": tokens,
-        "tokens_per_s": tokens / gen_wall if gen_wall > 0 else 0.0,
-        "wall_s": time.perf_counter() - t0,
-        "bytes_written": written,
-        "bytes_per_token": written / tokens if tokens else 0.0,
-        "peak_rss_bytes": peak_rss_bytes(),
-        "tensor_parallel_size": cfg.hardware.serving.tensor_parallel_size,
-        "pipeline_parallel_size": cfg.hardware.serving.pipeline_parallel_size,
-        "enable_expert_parallel": cfg.hardware.serving.enable_expert_parallel,
-    }
+    serving = cfg.hardware.serving
+    return extract_record(
+        cfg,
+        spec,
+        rows,
+        backend="vllm",
+        started=t0,
+        written=len(todo),
+        reused=len(mine) - len(todo),
+        tokens_computed=sum(rows.lengths[i] for i in todo),
+        compute_s=gen_wall,
+        bytes_written=sum(hs_path(out, i).stat().st_size for i in todo),
+        vllm_layer_ids=vllm_layer_ids(spec),
+        samples_converted=converted,
+        tensor_parallel_size=serving.tensor_parallel_size,
+        pipeline_parallel_size=serving.pipeline_parallel_size,
+        enable_expert_parallel=serving.enable_expert_parallel,
+    )
 
 
 def _rank_rows(n: int, rank: int, world_size: int) -> list[int]:

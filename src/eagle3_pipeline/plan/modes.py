@@ -46,19 +46,27 @@ def _staging_bytes(cfg: Config, storage: StorageEstimate, ranks: int) -> float:
     return (depth + 1) * cfg.train.tokens_per_step * storage.bytes_per_token * ranks
 
 
-def hidden_state_modes(cfg: Config, target: TargetInfo, storage: StorageEstimate,
-                       draft: DraftEstimate, serving: ServingEstimate | None,
-                       ref: str) -> dict[str, Any]:
+def hidden_state_modes(
+    cfg: Config,
+    target: TargetInfo,
+    storage: StorageEstimate,
+    draft: DraftEstimate,
+    serving: ServingEstimate | None,
+    ref: str,
+) -> dict[str, Any]:
     """Both modes for this profile, and the two-node layout (GPU profiles)."""
     hw = cfg.hardware
     nproc = cfg.train.nproc or max(1, hw.gpu_count)
     offline = {
         "hidden_states_bytes": storage.total_bytes,
-        "gpus": (f"extract: vLLM on {serving.gpus_used} GPU(s), then train: {nproc} "
-                 "worker(s) on the same GPUs, one after the other") if serving else
-                "extract, then train, on this machine's cores",
+        "gpus": (
+            f"extract: vLLM on {serving.gpus_used} GPU(s), then train: {nproc} "
+            "worker(s) on the same GPUs, one after the other"
+        )
+        if serving
+        else "extract, then train, on this machine's cores",
         "command": "dvc exp run -S extract.mode=offline"
-                   + (" -S extract.backend=vllm" if serving else ""),
+        + (" -S extract.backend=vllm" if serving else ""),
     }
     online: dict[str, Any] = {
         "hidden_states_bytes": 0,
@@ -81,20 +89,27 @@ def hidden_state_modes(cfg: Config, target: TargetInfo, storage: StorageEstimate
         "train_bytes_per_gpu": train_need,
         "gpu_bytes": gpu,
     }
-    eng = build_engine(replace_util(cfg, util), target.spec, ref, "extract",
-                       staging="/tmp/eagle3-online-XXXXXXXX")
+    eng = build_engine(
+        replace_util(cfg, util), target.spec, ref, "extract", staging="/tmp/eagle3-online-XXXXXXXX"
+    )
     if shared:
-        online["gpus"] = (f"vLLM (TP {serving.tensor_parallel_size} x PP "
-                          f"{serving.pipeline_parallel_size}) and {nproc} trainers share the "
-                          f"GPUs: vLLM at gpu_memory_utilization {util:.2f}, each trainer "
-                          f"beside it; their compute interleaves")
+        online["gpus"] = (
+            f"vLLM (TP {serving.tensor_parallel_size} x PP "
+            f"{serving.pipeline_parallel_size}) and {nproc} trainers share the "
+            f"GPUs: vLLM at gpu_memory_utilization {util:.2f}, each trainer "
+            f"beside it; their compute interleaves"
+        )
         online["command"] += f" -S hardware.serving.gpu_memory_utilization={util:.2f}"
-        online["stage_runs"] = [eng.shell(cfg.extract.server.port),
-                                f"torchrun --standalone --nproc_per_node {nproc} -m "
-                                "eagle3_pipeline.train.worker --params params.yaml"]
+        online["stage_runs"] = [
+            eng.shell(cfg.extract.server.port),
+            f"torchrun --standalone --nproc_per_node {nproc} -m "
+            "eagle3_pipeline.train.worker --params params.yaml",
+        ]
     else:
-        online["gpus"] = ("does not fit on one node: vLLM's weights and the trainers exceed "
-                          "a GPU; run vLLM and the trainers on separate nodes (below)")
+        online["gpus"] = (
+            "does not fit on one node: vLLM's weights and the trainers exceed "
+            "a GPU; run vLLM and the trainers on separate nodes (below)"
+        )
     out["two_nodes"] = two_nodes(cfg, target, ref, nproc, util if shared else None)
     return out
 
@@ -105,41 +120,51 @@ def replace_util(cfg: Config, util: float) -> Config:
     return replace(cfg, hardware=replace(cfg.hardware, serving=serving))
 
 
-def two_nodes(cfg: Config, target: TargetInfo, ref: str, nproc: int,
-              shared_util: float | None) -> dict[str, Any]:
+def two_nodes(
+    cfg: Config, target: TargetInfo, ref: str, nproc: int, shared_util: float | None
+) -> dict[str, Any]:
     """Per-node commands for two nodes of this profile (node 0 reachable as $NODE0, one
     random $KEY for the run). ``shared_util``: vLLM's memory share when vLLM and the
     trainers fit on the same GPUs, else None (then vLLM gets node 0, the trainers node 1)."""
     port = cfg.extract.server.port
     out = Path(cfg.paths.train_state) / "rank0_metrics.json"  # as the plan's [commands]
     worker = f"-m eagle3_pipeline.train.worker --params params.yaml --out {out}"
-    torchrun = [f"torchrun --nnodes 2 --node_rank {r} --nproc_per_node {nproc} "
-                f"--master_addr $NODE0 --master_port 29500 {worker}" for r in range(2)]
+    torchrun = [
+        f"torchrun --nnodes 2 --node_rank {r} --nproc_per_node {nproc} "
+        f"--master_addr $NODE0 --master_port 29500 {worker}"
+        for r in range(2)
+    ]
     model = _q(target.spec.name)
-    env = (f"EAGLE3_ONLINE_URL=http://$NODE0:{port}/v1 EAGLE3_ONLINE_API_KEY=$KEY "
-           f"EAGLE3_ONLINE_MODEL={model}")
+    env = (
+        f"EAGLE3_ONLINE_URL=http://$NODE0:{port}/v1 EAGLE3_ONLINE_API_KEY=$KEY "
+        f"EAGLE3_ONLINE_MODEL={model}"
+    )
     plan: dict[str, Any] = {
         "requires": f"data/ and {STAGING} on a filesystem both nodes mount (extraction's "
-                    "files; online, vLLM's connector writes each request's states there and "
-                    "the trainer that asked deletes them), and a DVC remote both reach "
-                    "(dvc remote add -d store s3://BUCKET/eagle3; dvc push / dvc pull)",
+        "files; online, vLLM's connector writes each request's states there and "
+        "the trainer that asked deletes them), and a DVC remote both reach "
+        "(dvc remote add -d store s3://BUCKET/eagle3; dvc push / dvc pull)",
         "offline": {
             "extract: each node serves the target and extracts its half of the rows": [
                 f"python -m eagle3_pipeline.stages.extract extract.backend=vllm "
-                f"extract.rank={r} extract.world_size=2   # node {r}" for r in range(2)
-            ] + ["dvc commit extract && dvc push   # node 0, once both finished"],
-            "train: torchrun over both nodes": [
-                f"{c}   # node {r}" for r, c in enumerate(torchrun)
-            ] + ["dvc commit train && dvc push   # node 0: the draft to the remote"],
+                f"extract.rank={r} extract.world_size=2   # node {r}"
+                for r in range(2)
+            ]
+            + ["dvc commit extract && dvc push   # node 0, once both finished"],
+            "train: torchrun over both nodes": [f"{c}   # node {r}" for r, c in enumerate(torchrun)]
+            + ["dvc commit train && dvc push   # node 0: the draft to the remote"],
         },
     }
     python_ex = "python -m eagle3_pipeline.stages.extract extract.mode=online   # node 0"
     if shared_util is not None:
-        eng = build_engine(replace_util(cfg, shared_util), target.spec, ref, "extract",
-                           staging=STAGING)
+        eng = build_engine(
+            replace_util(cfg, shared_util), target.spec, ref, "extract", staging=STAGING
+        )
         serve = " ".join(_q(a) for a in eng.serve_argv(port, host="0.0.0.0"))
-        dp = (f"--data-parallel-size 2 --data-parallel-size-local 1 --data-parallel-address "
-              f"$NODE0 --data-parallel-rpc-port {PORT_DP_RPC}")
+        dp = (
+            f"--data-parallel-size 2 --data-parallel-size-local 1 --data-parallel-address "
+            f"$NODE0 --data-parallel-rpc-port {PORT_DP_RPC}"
+        )
         plan["online"] = {
             "every node: one vLLM engine (data parallel, one API on node 0) beside its trainers": [
                 python_ex,

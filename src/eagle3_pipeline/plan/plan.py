@@ -86,8 +86,9 @@ def commands(cfg: Config, target: TargetInfo, overrides: list[str]) -> dict[str,
     }
     cuda = cfg.hardware.device == "cuda"
     if cuda or cfg.extract.backend == "vllm":
-        engine = build_engine(cfg, target.spec, ref, "extract",
-                              staging=Path(cfg.paths.hidden_states) / STAGING)
+        engine = build_engine(
+            cfg, target.spec, ref, "extract", staging=Path(cfg.paths.hidden_states) / STAGING
+        )
         out["extract_server"] = engine.shell(cfg.extract.server.port)
     else:
         out["extract"] = "python -m eagle3_pipeline.stages.extract --params params.yaml"
@@ -115,9 +116,7 @@ def commands(cfg: Config, target: TargetInfo, overrides: list[str]) -> dict[str,
         else:
             out["train"] = [
                 f"python -m {TRAIN_STAGE} --params params.yaml   # launches:",
-                _line(
-                    ["torchrun", "--standalone", f"--nproc_per_node {nproc}", *train_args]
-                ),
+                _line(["torchrun", "--standalone", f"--nproc_per_node {nproc}", *train_args]),
             ]
     else:
         out["train"] = [f"python -m {TRAIN_STAGE} --params params.yaml"]
@@ -337,16 +336,24 @@ def render_plan(plan: Plan) -> str:
     rows += [
         ("offline disk", f"{fmt_gb(off['hidden_states_bytes'])} of hidden states (kept)"),
         ("offline compute", off["gpus"]),
-        ("online disk", f"0 kept; {fmt_gb(on['staging_bytes'])} in flight (the batch in "
-         "training + the prefetched ones, every rank)"),
+        (
+            "online disk",
+            f"0 kept; {fmt_gb(on['staging_bytes'])} in flight (the batch in "
+            "training + the prefetched ones, every rank)",
+        ),
         ("online compute", on["gpus"]),
     ]
     if "one_node" in on:
         one = on["one_node"]
-        rows.append(("online per GPU", f"vLLM {fmt_gib(one['vllm_bytes_per_gpu'])} (weights "
-                     f"+ {fmt_gib(EXTRACT_KV_RESERVE)} for extraction) + trainer "
-                     f"{fmt_gib(one['train_bytes_per_gpu'])} of {fmt_gib(one['gpu_bytes'])}"
-                     f" -> {'fits' if one['fits'] else 'does not fit'}"))
+        rows.append(
+            (
+                "online per GPU",
+                f"vLLM {fmt_gib(one['vllm_bytes_per_gpu'])} (weights "
+                f"+ {fmt_gib(EXTRACT_KV_RESERVE)} for extraction) + trainer "
+                f"{fmt_gib(one['train_bytes_per_gpu'])} of {fmt_gib(one['gpu_bytes'])}"
+                f" -> {'fits' if one['fits'] else 'does not fit'}",
+            )
+        )
     width = max(len(k) for k, v in rows if v)
     lines = [f"{k:<{width}}  {v}" if v else k for k, v in rows]
     lines.append(f"# offline\n{off['command']}")

@@ -20,11 +20,14 @@ import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from eagle3_pipeline.core.config import Config, ConfigError
 from eagle3_pipeline.core.metrics import details_path, read_details
+from eagle3_pipeline.core.records import Record, RecordError
+from eagle3_pipeline.data.record import PrepareRecord
 from eagle3_pipeline.data.records import selectable_samples
+from eagle3_pipeline.extract.record import ExtractRecord
 from eagle3_pipeline.plan.target_info import TargetInfo
 from eagle3_pipeline.plan.units import (
     ADAM_STATE_BYTES,
@@ -33,18 +36,24 @@ from eagle3_pipeline.plan.units import (
     TOKEN_ID_BYTES,
     fmt_gb,
 )
+from eagle3_pipeline.train.record import TrainRecord
 
 FreeBytesFn = Callable[[Path], int]
+R = TypeVar("R", bound=Record)
 
 
 # --------------------------------------------------------------------------- metrics files
 
 
-def _hardware_name(metrics: dict[str, Any]) -> str | None:
-    hw = metrics.get("hardware")
-    if isinstance(hw, dict):
-        hw = hw.get("name")
-    return str(hw) if hw is not None else None
+def _earlier_run(cfg: Config, record: type[R]) -> tuple[R | None, str]:
+    """An earlier run's record of a stage, or None and why not: none yet, or one this
+    pipeline cannot read (its one-line error: the estimate falls back to an assumption and
+    says so, instead of refusing -- preflight runs this before the stage that rebuilds it)."""
+    try:
+        found = read_details(cfg, record)
+    except RecordError as exc:
+        return None, f"{exc}, ignored"
+    return found, "" if found is not None else f"no {details_path(cfg, record.STAGE)} yet"
 
 
 # --------------------------------------------------------------------------- hidden states
@@ -86,28 +95,24 @@ def estimate_storage(cfg: Config, target: TargetInfo) -> StorageEstimate:
     dtype = cfg.extract.dtype
     bpt = hidden_state_bytes_per_token(len(captured), hidden, dtype)
     samples, samples_basis = selectable_samples(cfg.data, cfg.train.samples, cfg.seed)
-    prep = read_details(cfg, "prepare") or {}
-    mean = prep.get("mean_tokens_per_row")
-    if isinstance(mean, (int, float)) and mean > 0:
-        rows, convs = prep.get("rows"), prep.get("conversations_train")
-        ratio = (
-            float(rows) / float(convs)
-            if isinstance(rows, (int, float)) and isinstance(convs, (int, float)) and convs > 0
-            else 1.0
-        )
-        per_conv = float(mean) * ratio
+    prep, why_not = _earlier_run(cfg, PrepareRecord)
+    if prep is not None and prep.mean_tokens_per_row > 0:
+        mean = float(prep.mean_tokens_per_row)
+        convs = prep.conversations_train
+        ratio = prep.rows / convs if convs > 0 else 1.0
+        per_conv = mean * ratio
         upper, basis = (
             False,
             f"measured: {mean:,.1f} tokens/row x {ratio:.2f} rows/conversation "
             f"({details_path(cfg, 'prepare')})",
         )
-        mean_f: float | None = float(mean)
+        mean_f: float | None = mean
     else:
         ratio, per_conv, mean_f = 1.0, float(cfg.data.max_seq_len), None
         upper, basis = (
             True,
             f"upper bound: data.max_seq_len={cfg.data.max_seq_len} tokens per conversation "
-            "(no metrics/prepare.json yet)",
+            f"({why_not or 'no rows measured'})",
         )
     tokens = per_conv * samples
     return StorageEstimate(
@@ -302,42 +307,37 @@ class TimeEstimate:
         return asdict(self)
 
 
-def _measured(cfg: Config, stage: str, key: str) -> tuple[float, str] | None:
-    """A rate from an earlier run's metrics, only when measured on this hardware profile
-    (and this model, when the file says which)."""
-    m = read_details(cfg, stage)
-    if not m or _hardware_name(m) != cfg.hardware.name:
+def _measured(cfg: Config, record: type[ExtractRecord | TrainRecord]) -> tuple[float, str] | None:
+    """The ``tokens_per_s`` of an earlier run's record, only when measured on this hardware
+    profile and for this model."""
+    found, _ = _earlier_run(cfg, record)
+    if found is None:
         return None
-    model = m.get("model", m.get("target"))
-    if isinstance(model, dict):
-        model = model.get("name")
-    if model is not None and model != cfg.model.name:
+    model = found.target if isinstance(found, ExtractRecord) else found.model
+    if found.hardware != cfg.hardware.name or model != cfg.model.name or found.tokens_per_s <= 0:
         return None
-    value = m.get(key)
-    if not isinstance(value, (int, float)) or value <= 0:
-        return None
-    return float(value), f"measured: {key} in {details_path(cfg, stage)}"
+    return float(found.tokens_per_s), f"measured: tokens_per_s in {details_path(cfg, found.STAGE)}"
 
 
 def estimate_time(cfg: Config, storage: StorageEstimate) -> tuple[TimeEstimate, TimeEstimate]:
     """Extraction: tokens / tokens per s. Training: epochs x samples conversations at a rate
-    in conversations per s -- the unit the seed workflow reported ("steps" of one
-    conversation). A measured rate comes from the train stage's ``tokens_per_s`` (it packs
+    in conversations per s (``hardware.throughput.train_conversations_per_s``, the unit
+    hand-run workflows report as "steps" of one conversation). A measured rate comes from the train stage's ``tokens_per_s`` (it packs
     many conversations per optimizer step, so its own steps/s is not comparable), divided
     by the tokens per conversation of this estimate."""
     tp = cfg.hardware.throughput
-    ext = _measured(cfg, "extract", "tokens_per_s") or (
+    ext = _measured(cfg, ExtractRecord) or (
         tp.extract_tokens_per_s,
         f"assumption: hardware.throughput.extract_tokens_per_s ({tp.source})",
     )
-    measured = _measured(cfg, "train", "tokens_per_s")
+    measured = _measured(cfg, TrainRecord)
     per_conv = storage.tokens_per_conversation
     if measured and per_conv > 0:
         trn = (measured[0] / per_conv, f"{measured[1]} / {per_conv:,.0f} tokens per conversation")
     else:
         trn = (
-            tp.train_steps_per_s,
-            f"assumption: hardware.throughput.train_steps_per_s ({tp.source})",
+            tp.train_conversations_per_s,
+            f"assumption: hardware.throughput.train_conversations_per_s ({tp.source})",
         )
     steps = float(cfg.train.epochs * storage.samples)
     return (

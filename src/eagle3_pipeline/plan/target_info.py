@@ -77,14 +77,18 @@ def load_target(model: ModelConfig, hf_cache: Path | None = None) -> TargetInfo:
     if model.tiny is not None:
         builder = get_family(model.tiny.architecture).tiny
         if builder is None:
-            raise ConfigError(f"model.tiny.architecture={model.tiny.architecture!r} cannot be built")
+            raise ConfigError(
+                f"model.tiny.architecture={model.tiny.architecture!r} cannot be built"
+            )
         config = builder.config(model.tiny)
         return TargetInfo(describe_config(config, model), config, "tiny target shape (model.tiny)")
     if model.gguf is not None:
         gguf = Path(model.gguf.path)
         if not gguf.is_file():
-            raise ConfigError(f"model.gguf.path={model.gguf.path}: file not found (run "
-                              f"`eagle3-fetch {model.name}`, or put the file there)")
+            raise ConfigError(
+                f"model.gguf.path={model.gguf.path}: file not found (run "
+                f"`eagle3-fetch {model.name}`, or put the file there)"
+            )
         from eagle3_pipeline.compat.transformers_gguf import config_from_metadata
 
         config = config_from_metadata(gguf)

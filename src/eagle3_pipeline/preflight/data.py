@@ -29,21 +29,34 @@ def check_data_file(cfg: Config) -> tuple[Check, dict[str, Any]]:
     d = cfg.data
     source = str(d.source)
     if source == "builtin":  # generated from the Python install's pydoc topics
-        return (Check("data", True, "built-in corpus"),
-                {"source": source, "python": platform.python_version()})  # fmt: skip
+        return (
+            Check("data", True, "built-in corpus"),
+            {"source": source, "python": platform.python_version()},
+        )
     if source != "file":
-        return (Check("data", True, f"{source} dataset {d.path} (read by prepare)"),
-                {"source": source, "path": d.path, "split": d.split})  # fmt: skip
+        return (
+            Check("data", True, f"{source} dataset {d.path} (read by prepare)"),
+            {"source": source, "path": d.path, "split": d.split},
+        )
     path = Path(str(d.path))
     if not path.is_file():
-        return (Check("data", False, "not found", [
-            f"data.path={d.path}: no such file; point data.path at a JSONL or JSON file of "
-            "conversations (or use data.source=builtin)"]),
-            {"source": source, "path": str(d.path), "missing": True})  # fmt: skip
+        return (
+            Check(
+                "data",
+                False,
+                "not found",
+                [
+                    f"data.path={d.path}: no such file; point data.path at a JSONL or JSON file of "
+                    "conversations (or use data.source=builtin)"
+                ],
+            ),
+            {"source": source, "path": str(d.path), "missing": True},
+        )
     cache = HashCache(Path(cfg.paths.cache) / HASH_CACHE)
     st = path.stat()
     digest = cache.sha256(path, st)
     cache.save()
-    return (Check("data", True, f"{path}: {st.st_size:,} bytes, sha256 {digest[:12]}"),
-            {"source": source, "path": str(path.resolve()), "size": st.st_size,
-             "sha256": digest})  # fmt: skip
+    return (
+        Check("data", True, f"{path}: {st.st_size:,} bytes, sha256 {digest[:12]}"),
+        {"source": source, "path": str(path.resolve()), "size": st.st_size, "sha256": digest},
+    )

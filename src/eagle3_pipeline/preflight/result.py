@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.core.config import Config
+from eagle3_pipeline.core.gpu import VisibleGpu
 from eagle3_pipeline.core.io import atomic_write_json
 from eagle3_pipeline.core.metrics import write_stage_metrics
-from eagle3_pipeline.preflight.gpu import VisibleGpu
+from eagle3_pipeline.preflight.record import PreflightRecord
 
 
 @dataclass
@@ -33,7 +34,7 @@ class PreflightResult:
     checks: list[Check]
     mode: str  # "cpu" | "cuda"
     inventory: dict[str, Any]
-    metrics: dict[str, Any]
+    metrics: PreflightRecord
     strict: bool = True
     visible: list[VisibleGpu] = field(default_factory=list)
     target_fingerprint: dict[str, Any] | None = None  # None: the target was not found
@@ -110,4 +111,4 @@ def write_outputs(cfg: Config, result: PreflightResult) -> None:
         atomic_write_json(Path(cfg.paths.target_fingerprint), result.target_fingerprint)
     if result.data_fingerprint is not None:
         atomic_write_json(Path(cfg.paths.data_fingerprint), result.data_fingerprint)
-    write_stage_metrics(cfg, "preflight", result.metrics)
+    write_stage_metrics(cfg, result.metrics)

@@ -16,10 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from eagle3_pipeline.core.config import Config, ConfigError
-from eagle3_pipeline.plan.resources import FreeBytesFn, free_bytes
-from eagle3_pipeline.preflight.data import check_data_file
-from eagle3_pipeline.preflight.disk import check_disk
-from eagle3_pipeline.preflight.gpu import (
+from eagle3_pipeline.core.gpu import (
     GpuError,
     NoGpuDriver,
     NvmlReader,
@@ -29,7 +26,11 @@ from eagle3_pipeline.preflight.gpu import (
     read_all,
     select_visible,
 )
+from eagle3_pipeline.plan.resources import FreeBytesFn, free_bytes
+from eagle3_pipeline.preflight.data import check_data_file
+from eagle3_pipeline.preflight.disk import check_disk
 from eagle3_pipeline.preflight.hardware import TorchView, check_driver, gpu_checks, torch_view
+from eagle3_pipeline.preflight.record import PreflightRecord
 from eagle3_pipeline.preflight.result import Check, PreflightResult, inventory, write_outputs
 from eagle3_pipeline.preflight.software import (
     attention_queries,
@@ -136,37 +137,44 @@ def run_preflight(
 
     mode = "cuda" if use_gpus and visible else "cpu"
     records = [gpu_record(v) for v in visible]
-    metrics = {
-        "passed": all(c.passed for c in checks),
-        "strict": cfg.preflight.strict,
-        "failures": sum(len(c.problems) for c in checks),
-        "mode": mode,
-        "hardware": hw.name,
-        "driver_version": machine.driver,
-        "cuda_driver_version": machine.cuda_driver,
-        "no_driver": machine.no_driver,
-        "cuda_visible_devices": env.get("CUDA_VISIBLE_DEVICES"),
-        "cuda_device_order": env.get("CUDA_DEVICE_ORDER"),
-        "gpu_count_visible": len(visible),
-        "gpus": records,
-        "torch": asdict(view) if view else None,
-        "packages": vers,
-        "disk": disk_info,
-        "vllm": vllm_reading.to_dict() if vllm_reading is not None else None,
-        "checks": {
+    metrics = PreflightRecord(
+        passed=all(c.passed for c in checks),
+        strict=cfg.preflight.strict,
+        failures=sum(len(c.problems) for c in checks),
+        mode=mode,
+        hardware=hw.name,
+        driver_version=machine.driver,
+        cuda_driver_version=machine.cuda_driver,
+        no_driver=machine.no_driver,
+        cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"),
+        cuda_device_order=env.get("CUDA_DEVICE_ORDER"),
+        gpu_count_visible=len(visible),
+        gpus=records,
+        torch=asdict(view) if view else None,
+        packages=vers,
+        disk=disk_info,
+        vllm=vllm_reading.to_dict() if vllm_reading is not None else None,
+        checks={
             c.name: {"passed": c.passed, "reading": c.reading, "problems": c.problems}
             for c in checks
         },
-        "snapshot": _snapshot(mode, records),
-    }
+        snapshot=_snapshot(mode, records),
+    )
     return PreflightResult(
-        checks, mode, inventory(mode, visible), metrics, cfg.preflight.strict, visible,
-        fingerprint, data_fingerprint,
+        checks,
+        mode,
+        inventory(mode, visible),
+        metrics,
+        cfg.preflight.strict,
+        visible,
+        fingerprint,
+        data_fingerprint,
     )
 
 
-def _attention_check(cfg: Config, reading: Any,
-                     probe: Callable[[Any, list[dict[str, Any]]], Any] | None) -> Check:
+def _attention_check(
+    cfg: Config, reading: Any, probe: Callable[[Any, list[dict[str, Any]]], Any] | None
+) -> Check:
     """The target's and the draft's attention against the installed vLLM's selector
     (``probe``: ``serving.env.attention_support`` unless injected)."""
     from eagle3_pipeline.draft.shape import resolve_draft_shape

@@ -60,10 +60,16 @@ def check_packages(cfg: Config, versions: dict[str, str | None]) -> Check:
 
 def vllm_needed(cfg: Config) -> bool:
     """Whether any stage of this run starts vLLM."""
-    return bool(cfg.validate.vllm or cfg.extract.backend == "vllm"
-                or cfg.extract.mode == "online"  # the train stage serves the target
-                or (cfg.data.regenerate and cfg.data.regenerate_backend == "server"
-                    and cfg.data.server.start))
+    return bool(
+        cfg.validate.vllm
+        or cfg.extract.backend == "vllm"
+        or cfg.extract.mode == "online"  # the train stage serves the target
+        or (
+            cfg.data.regenerate
+            and cfg.data.regenerate_backend == "server"
+            and cfg.data.server.start
+        )
+    )
 
 
 def probe_vllm(cfg: Config) -> Any:
@@ -81,25 +87,43 @@ def check_vllm(cfg: Config, result: Any) -> Check:
     """The vLLM environment imports, the CLI answers, and it is the build this hardware
     needs (the CPU build on CPU profiles, a CUDA build on GPU profiles)."""
     if result.error:
-        return Check("vllm", False, "missing", [
-            f"vLLM environment: {result.error}; install it with `eagle3-vllm-env install` "
-            "(or set validate.vllm=false to skip vLLM)"])
+        return Check(
+            "vllm",
+            False,
+            "missing",
+            [
+                f"vLLM environment: {result.error}; install it with `eagle3-vllm-env install` "
+                "(or set validate.vllm=false to skip vLLM)"
+            ],
+        )
     want_cpu = cfg.hardware.device == "cpu"
     reading = f"vllm {result.version} ({'CPU' if result.cpu_build else 'CUDA'} build)"
     if bool(result.cpu_build) != want_cpu:
-        return Check("vllm", False, reading, [
-            f"vLLM environment {result.python}: {reading}, but hardware={cfg.hardware.name} "
-            f"needs the {'CPU' if want_cpu else 'CUDA'} build "
-            f"(`eagle3-vllm-env install --device {'cpu' if want_cpu else 'cuda'}`)"])
+        return Check(
+            "vllm",
+            False,
+            reading,
+            [
+                f"vLLM environment {result.python}: {reading}, but hardware={cfg.hardware.name} "
+                f"needs the {'CPU' if want_cpu else 'CUDA'} build "
+                f"(`eagle3-vllm-env install --device {'cpu' if want_cpu else 'cuda'}`)"
+            ],
+        )
     wanted = [o for o in EAGLE3_DRAFT_OPTIONS if getattr(cfg.train.draft, o)]
     if wanted and cfg.validate.vllm:
         read = result.eagle3_options
         missing = [o for o in wanted if read is not None and o not in read]
         if missing:
-            return Check("vllm", False, reading, [
-                f"train.draft.{missing[0]}=true: vLLM {result.version} does not read it from "
-                f"a speculators config (it reads {', '.join(read) or 'none'}), so the draft "
-                "would be served without it; set it false or install a vLLM that reads it"])
+            return Check(
+                "vllm",
+                False,
+                reading,
+                [
+                    f"train.draft.{missing[0]}=true: vLLM {result.version} does not read it from "
+                    f"a speculators config (it reads {', '.join(read) or 'none'}), so the draft "
+                    "would be served without it; set it false or install a vLLM that reads it"
+                ],
+            )
     return Check("vllm", True, reading)
 
 
@@ -111,19 +135,32 @@ def attention_queries(cfg: Config, spec: Any, draft: Any) -> list[tuple[str, dic
     _device, dtype = cfg.validate_runtime()
     out: list[tuple[str, dict[str, Any]]] = []
     if spec.attention != "mla":
-        out.append((f"target {spec.name} head_dim={spec.head_dim}",
-                    {"head_size": spec.head_dim, "dtype": dtype,
-                     "num_heads": spec.num_attention_heads}))
+        out.append(
+            (
+                f"target {spec.name} head_dim={spec.head_dim}",
+                {"head_size": spec.head_dim, "dtype": dtype, "num_heads": spec.num_attention_heads},
+            )
+        )
     if v.vllm and draft is not None:
-        out.append((f"the draft's head_dim={draft.head_dim} (train.draft.head_dim)",
-                    {"head_size": draft.head_dim, "dtype": dtype,
-                     "num_heads": draft.num_attention_heads}))
+        out.append(
+            (
+                f"the draft's head_dim={draft.head_dim} (train.draft.head_dim)",
+                {
+                    "head_size": draft.head_dim,
+                    "dtype": dtype,
+                    "num_heads": draft.num_attention_heads,
+                },
+            )
+        )
     return out
 
 
-def check_vllm_attention(cfg: Config, reading: Any,
-                         queries: list[tuple[str, dict[str, Any]]],
-                         answers: list[dict[str, Any]] | None) -> Check:
+def check_vllm_attention(
+    cfg: Config,
+    reading: Any,
+    queries: list[tuple[str, dict[str, Any]]],
+    answers: list[dict[str, Any]] | None,
+) -> Check:
     """Refuse, before anything is spent, a head size or dtype the attention backend of the
     installed vLLM does not take: it would fail only when validate starts the engine."""
     if answers is None:
@@ -132,8 +169,9 @@ def check_vllm_attention(cfg: Config, reading: Any,
     seen: list[str] = []
     for (what, q), a in zip(queries, answers, strict=True):
         if a.get("error"):
-            problems.append(f"{what}: vLLM {reading.version} selects no attention backend "
-                            f"for it ({a['error']})")
+            problems.append(
+                f"{what}: vLLM {reading.version} selects no attention backend for it ({a['error']})"
+            )
             continue
         seen.append(f"{what} -> {a['backend']}")
         if not a.get("head_size_ok"):
@@ -141,8 +179,11 @@ def check_vllm_attention(cfg: Config, reading: Any,
                 f"{what}: vLLM {reading.version}'s {a['backend']} attention supports head "
                 f"sizes {', '.join(map(str, a.get('head_sizes') or []))} only, so the "
                 "engine would refuse it after training; choose a target (or "
-                "train.draft.head_dim) vLLM serves, or set validate.vllm=false")
+                "train.draft.head_dim) vLLM serves, or set validate.vllm=false"
+            )
         elif not a.get("dtype_ok"):
-            problems.append(f"{what}: vLLM {reading.version}'s {a['backend']} attention "
-                            f"does not take dtype {q['dtype']} (set validate.dtype)")
+            problems.append(
+                f"{what}: vLLM {reading.version}'s {a['backend']} attention "
+                f"does not take dtype {q['dtype']} (set validate.dtype)"
+            )
     return Check("vllm_attention", not problems, "; ".join(seen) or "nothing to check", problems)

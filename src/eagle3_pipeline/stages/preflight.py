@@ -32,8 +32,9 @@ def run(cfg: Config) -> None:
     n = len(result.problems)
     if cfg.preflight.strict:
         more = f" (and {n - 1} more, listed above)" if n > 1 else ""
-        raise StageError(f"{result.problems[0]}{more}; preflight.strict=false turns problems "
-                         "into warnings")
+        raise StageError(
+            f"{result.problems[0]}{more}; preflight.strict=false turns problems into warnings"
+        )
     log.warning("preflight: %d problem(s) ignored because preflight.strict=false", n)
 
 

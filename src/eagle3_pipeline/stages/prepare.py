@@ -13,6 +13,7 @@ from eagle3_pipeline.core.io import remove_path
 from eagle3_pipeline.core.metrics import details_path, headline_path, write_stage_metrics
 from eagle3_pipeline.data.conversations import StageInputError
 from eagle3_pipeline.data.prepare import bad_lines_path, heldout_path, prepare, prepared_dir
+from eagle3_pipeline.data.record import PrepareRecord
 from eagle3_pipeline.data.regenerate_server import ServerUnavailable
 from eagle3_pipeline.stages.runner import run_stage
 
@@ -20,27 +21,32 @@ log = logging.getLogger(__name__)
 
 
 def run(cfg: Config, progress: bool = True) -> None:
-    stale_outputs = (prepared_dir(cfg), heldout_path(cfg), bad_lines_path(cfg),
-                     details_path(cfg, "prepare"), headline_path(cfg, "prepare"))  # fmt: skip
+    stale_outputs = (
+        prepared_dir(cfg),
+        heldout_path(cfg),
+        bad_lines_path(cfg),
+        details_path(cfg, "prepare"),
+        headline_path(cfg, PrepareRecord),
+    )
     for stale in stale_outputs:
         remove_path(stale)
     try:
-        metrics = prepare(cfg, progress)
+        record = prepare(cfg, progress)
     except StageInputError as exc:
         raise StageError(str(exc)) from None
     except ServerUnavailable as exc:
         raise StageError(f"regeneration: {exc}") from None
-    write_stage_metrics(cfg, "prepare", metrics)
+    write_stage_metrics(cfg, record)
     log.info(
         "prepared %d rows from %d training conversations (%d held out); %d tokens, %d "
         "supervised; dropped %s; errors %s",
-        metrics["rows"],
-        metrics["conversations_train"],
-        metrics["conversations_heldout"],
-        metrics["tokens"],
-        metrics["supervised_tokens"],
-        metrics["rows_dropped"],
-        metrics["errors"],
+        record.rows,
+        record.conversations_train,
+        record.conversations_heldout,
+        record.tokens,
+        record.supervised_tokens,
+        record.rows_dropped,
+        record.errors,
     )
 
 

@@ -17,7 +17,10 @@ log = logging.getLogger("eagle3_pipeline")
 
 
 def run_stage(
-    name: str, description: str, body: Callable[[Config], None], argv: list[str] | None = None,
+    name: str,
+    description: str,
+    body: Callable[[Config], None],
+    argv: list[str] | None = None,
     restore_on_failure: bool = True,
 ) -> None:
     """Parse ``[--params FILE] [overrides]``, load the config and run ``body``.
@@ -65,17 +68,21 @@ def _restore(name: str, keeper: Keeper | None) -> None:
     try:
         restored = keeper.restore()
     except OSError as exc:
-        print(f"warning: {name}: could not restore the last run's outputs ({exc})",
-              file=sys.stderr)
+        print(f"warning: {name}: could not restore the last run's outputs ({exc})", file=sys.stderr)
         return
     if restored:
-        print(f"note: {name}: the last successful run's {', '.join(map(str, restored))} "
-              f"restored; `dvc checkout {name}` restores its cached outputs", file=sys.stderr)
+        print(
+            f"note: {name}: the last successful run's {', '.join(map(str, restored))} "
+            f"restored; `dvc checkout {name}` restores its cached outputs",
+            file=sys.stderr,
+        )
 
 
 def _interrupted(name: str, stop: Interrupted) -> None:
     # a progress bar may hold the line: start a new one
-    print(f"\nerror: {name}: {stop}; its child processes are stopped and its "
-          "finished work is kept: rerun (`dvc repro`) to resume", file=sys.stderr)
+    print(
+        f"\nerror: {name}: {stop}; its child processes are stopped and its "
+        "finished work is kept: rerun (`dvc repro`) to resume",
+        file=sys.stderr,
+    )
     raise SystemExit(stop.exit_code) from None
-

@@ -15,18 +15,24 @@ log = logging.getLogger(__name__)
 
 
 def run(cfg: Config) -> None:
-    spec, metrics = resolve_target(cfg)
-    write_stage_metrics(cfg, "target", metrics)
+    spec, record = resolve_target(cfg)
+    write_stage_metrics(cfg, record)
     log.info(
         "target %s (%s -> vLLM %s): %d layers, hidden %d, vocab %d, aux layers %s",
-        spec.name, spec.architecture, spec.vllm_architecture, spec.num_layers,
-        spec.hidden_size, spec.vocab_size, spec.aux_layer_ids,
+        spec.name,
+        spec.architecture,
+        spec.vllm_architecture,
+        spec.num_layers,
+        spec.hidden_size,
+        spec.vocab_size,
+        spec.aux_layer_ids,
     )
-    if "heldout_perplexity" in metrics:
+    if record.heldout_perplexity is not None:
         log.info(
             "tiny target held-out perplexity %.1f (unigram %.1f, ratio %.2f)",
-            metrics["heldout_perplexity"], metrics["unigram_perplexity"],
-            metrics["perplexity_ratio_vs_unigram"],
+            record.heldout_perplexity,
+            record.unigram_perplexity,
+            record.perplexity_ratio_vs_unigram,
         )
 
 

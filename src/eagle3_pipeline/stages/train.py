@@ -14,10 +14,13 @@ the server stops with the stage.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.core.io import remove_path
-from eagle3_pipeline.core.metrics import details_path, write_stage_metrics
+from eagle3_pipeline.core.metrics import details_path, read_details, write_stage_metrics
+from eagle3_pipeline.core.records import RecordError
+from eagle3_pipeline.preflight.record import PreflightRecord
 from eagle3_pipeline.stages.runner import run_stage
 
 log = logging.getLogger(__name__)
@@ -27,17 +30,33 @@ def run(cfg: Config) -> None:
     from eagle3_pipeline.train.launch import run_training
     from eagle3_pipeline.train.live import write_summary
     from eagle3_pipeline.train.plan import TrainPaths
+    from eagle3_pipeline.train.record import TrainRecord
 
+    before = preflight_snapshot(cfg)
     remove_path(details_path(cfg, "train"))
-    metrics = run_training(cfg)
-    write_stage_metrics(cfg, "train", metrics)
-    write_summary(TrainPaths.from_config(cfg).live, metrics)
+    record = TrainRecord(**run_training(cfg, before))
+    write_stage_metrics(cfg, record)
+    write_summary(TrainPaths.from_config(cfg).live, record)
     log.info(
-        "draft: val loss %.4f (untrained %.4f), per-position accuracy %s, %d steps, "
-        "%.0f tokens/s", metrics["val_loss"], metrics["val_loss_untrained"] or float("nan"),
-        [round(a, 3) for a in metrics["val_accuracy_per_position"]], metrics["steps"],
-        metrics["tokens_per_s"],
+        "draft: val loss %.4f (untrained %.4f), per-position accuracy %s, %d steps, %.0f tokens/s",
+        record.val_loss,
+        record.val_loss_untrained or float("nan"),
+        [round(a, 3) for a in record.val_accuracy_per_position],
+        record.steps,
+        record.tokens_per_s,
     )
+
+
+def preflight_snapshot(cfg: Config) -> dict[str, Any] | None:
+    """The preflight stage's GPU reading (its record's ``snapshot``), which the reading
+    after training is compared with; None without one. A record this pipeline cannot read
+    is a warning: the comparison is a check of the run, not a reason to refuse it."""
+    try:
+        pre = read_details(cfg, PreflightRecord)
+    except RecordError as exc:
+        log.warning("GPU memory after training will not be compared with preflight's: %s", exc)
+        return None
+    return pre.snapshot if pre is not None else None
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -28,16 +28,22 @@ def run(cfg: Config) -> None:
     device, dtype = runtime(cfg)  # a config error leaves the last outputs in place
     for stale in (p["metrics"], p["out"]):
         remove_path(stale)
-    metrics, context = validate_draft(cfg, device, dtype)
+    record, context = validate_draft(cfg, device, dtype)
     files = validation_files(context)
     with atomic_dir(p["out"]) as tmp:
         for name, content in files.items():
             (tmp / name).write_bytes(content)
-    write_stage_metrics(cfg, "validate", metrics)
-    write_live(p["live"], metrics, files["acceptance.png"])
-    log.info("acceptance length %.3f at K=%d (%d prompts, %d tokens, %d steps); lossless: %s",
-             metrics["acceptance_length"] or 0.0, metrics["k"], metrics["prompts"],
-             metrics["tokens"], metrics["verification_steps"], metrics["lossless"])
+    write_stage_metrics(cfg, record)
+    write_live(p["live"], record, files["acceptance.png"])
+    log.info(
+        "acceptance length %.3f at K=%d (%d prompts, %d tokens, %d steps); lossless: %s",
+        record.acceptance_length or 0.0,
+        record.k,
+        record.prompts,
+        record.tokens,
+        record.verification_steps,
+        record.lossless,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -176,8 +176,7 @@ def resolve_weight_names(
             raise ConfigError(f"no final norm weight found (tried {', '.join(norm_c)})")
         if lm_head is None and not tied:
             raise ConfigError(
-                f"no lm_head weight found and embeddings are not tied "
-                f"(tried {', '.join(head_c)})"
+                f"no lm_head weight found and embeddings are not tied (tried {', '.join(head_c)})"
             )
     return {"embed_tokens": embed, "lm_head": None if tied else lm_head, "final_norm": norm}
 
@@ -204,7 +203,9 @@ def _revision_from_path(path: Path) -> str | None:
 
 
 def has_chat_template(model_dir: Path) -> bool:
-    if (model_dir / "chat_template.jinja").is_file() or (model_dir / "chat_template.json").is_file():
+    if (model_dir / "chat_template.jinja").is_file() or (
+        model_dir / "chat_template.json"
+    ).is_file():
         return True
     tok_cfg = model_dir / "tokenizer_config.json"
     if tok_cfg.is_file():
@@ -215,8 +216,11 @@ def has_chat_template(model_dir: Path) -> bool:
 def rope_type(text: dict[str, Any]) -> str:
     """The rope scaling kind, in either spelling (``rope_scaling.type`` in real checkpoints,
     ``rope_parameters.rope_type`` as transformers 5 writes it)."""
-    for key, field_ in (("rope_scaling", "type"), ("rope_scaling", "rope_type"),
-                        ("rope_parameters", "rope_type")):
+    for key, field_ in (
+        ("rope_scaling", "type"),
+        ("rope_scaling", "rope_type"),
+        ("rope_parameters", "rope_type"),
+    ):
         block = text.get(key)
         if isinstance(block, dict) and block.get(field_):
             return str(block[field_])
@@ -257,7 +261,9 @@ def _tied(config: dict[str, Any], key: str | None, text: dict[str, Any]) -> bool
     """Tied embeddings; a top-level value (Kimi's False) overrides a nested default."""
     if "tie_word_embeddings" in config and key is not None:
         return bool(config["tie_word_embeddings"])
-    return bool(_first(text, "tie_word_embeddings", default=config.get("tie_word_embeddings", False)))
+    return bool(
+        _first(text, "tie_word_embeddings", default=config.get("tie_word_embeddings", False))
+    )
 
 
 def _provenance(model: ModelConfig) -> dict[str, Any]:

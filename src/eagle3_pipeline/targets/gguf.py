@@ -136,8 +136,13 @@ def convert_gguf(
     info = inspect_gguf(src, model_name)
     path = Path(src.path)
     t0 = time.perf_counter()
-    log.info("de-quantising %s (%s, %d tensors, %.0f MB)", path, info.architecture,
-             info.tensors, info.size / 1e6)
+    log.info(
+        "de-quantising %s (%s, %d tensors, %.0f MB)",
+        path,
+        info.architecture,
+        info.tensors,
+        info.size / 1e6,
+    )
     load = {"gguf_file": path.name}
     tokenizer = AutoTokenizer.from_pretrained(str(path.parent), **load)
     gguf_model = AutoModelForCausalLM.from_pretrained(
@@ -186,8 +191,14 @@ def convert_gguf(
         "load_s": round(t_load, 2),
         "convert_s": round(time.perf_counter() - t0, 2),
     }
-    atomic_write_json(model_dir / SOURCE_JSON, {k: v for k, v in source.items()
-                                                 if k not in ("load_s", "convert_s")})
-    log.info("converted to %s in %.0fs: logits equal the GGUF model's (max |diff| %.2g)",
-             model_dir, source["convert_s"], diff)
+    atomic_write_json(
+        model_dir / SOURCE_JSON,
+        {k: v for k, v in source.items() if k not in ("load_s", "convert_s")},
+    )
+    log.info(
+        "converted to %s in %.0fs: logits equal the GGUF model's (max |diff| %.2g)",
+        model_dir,
+        source["convert_s"],
+        diff,
+    )
     return {"gguf": source}

@@ -21,6 +21,7 @@ from eagle3_pipeline.targets.families import decoder_layers_attrs, final_norm_at
 DECODER_LAYER_ATTRS = decoder_layers_attrs()
 FINAL_NORM_ATTRS = final_norm_attrs()
 
+
 def language_model_key_mapping(spec: TargetSpec) -> dict[str, str]:
     """Checkpoint name -> causal-LM name for the language model, from the adapter's
     resolved weight names (``language_model.model.*`` -> ``model.*`` for Kimi-K2.5; empty
@@ -83,7 +84,8 @@ def load_language_model(
         verbosity = transformers.logging.get_verbosity()
         transformers.logging.set_verbosity_error()  # the unused vision weights are listed
         try:
-            model, info = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
+            loaded: Any = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
+            model, info = loaded  # (model, loading info): output_loading_info=True
         finally:
             transformers.logging.set_verbosity(verbosity)
     except Exception as exc:

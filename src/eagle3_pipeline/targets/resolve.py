@@ -16,6 +16,7 @@ from typing import Any
 from eagle3_pipeline.core.config import Config, ConfigError
 from eagle3_pipeline.core.io import atomic_dir, atomic_write_json
 from eagle3_pipeline.targets.adapter import TargetSpec, describe_target
+from eagle3_pipeline.targets.record import TargetRecord
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ def locate_real_target(cfg: Config) -> Path:
     try:
         from huggingface_hub import snapshot_download
 
+        assert m.hub_id is not None  # a target without path has a hub id (config check)
         local = snapshot_download(
             m.hub_id, revision=m.revision, allow_patterns=METADATA_PATTERNS, local_files_only=True
         )
@@ -98,8 +100,8 @@ def _build(cfg: Config, model_dir: Path, progress: bool) -> dict[str, Any]:
     return build_tiny_target(cfg.model.tiny, cfg.target, model_dir, cfg.seed, progress)
 
 
-def resolve_target(cfg: Config, progress: bool = True) -> tuple[TargetSpec, dict[str, Any]]:
-    """Build or locate the target, write ``target.json``; return it with stage metrics."""
+def resolve_target(cfg: Config, progress: bool = True) -> tuple[TargetSpec, TargetRecord]:
+    """Build or locate the target, write ``target.json``; return it with the stage's record."""
     out = target_dir(cfg)
     if cfg.model.built_here:
         if cfg.model.gguf is not None:
@@ -122,14 +124,15 @@ def resolve_target(cfg: Config, progress: bool = True) -> tuple[TargetSpec, dict
         with atomic_dir(out) as tmp:
             atomic_write_json(tmp / TARGET_JSON, spec.to_dict())
         metrics = {"built": False}
-    metrics.update(
-        {
+    record = TargetRecord(
+        **{
+            **metrics,
             "name": spec.name,
             "architecture": spec.architecture,
             "num_layers": spec.num_layers,
             "hidden_size": spec.hidden_size,
             "vocab_size": spec.vocab_size,
-            "aux_layer_ids": spec.aux_layer_ids,
+            "aux_layer_ids": list(spec.aux_layer_ids),
         }
     )
-    return spec, metrics
+    return spec, record

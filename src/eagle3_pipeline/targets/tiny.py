@@ -26,12 +26,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline.core.config import TargetStageConfig, TinyModelConfig
-from eagle3_pipeline.targets.families import (
+from eagle3_pipeline.core.config import (
+    TargetStageConfig,
+    TinyModelConfig,
     check_tiny_architecture,
-    family_for_config,
-    get_family,
 )
+from eagle3_pipeline.targets.families import family_for_config, get_family
 from eagle3_pipeline.targets.families.base import tiny_common_config
 from eagle3_pipeline.targets.families.kimi_k25 import CHAT_TEMPLATE, CHAT_TOKENS, END_OF_TURN
 from eagle3_pipeline.targets.families.kimi_k25 import (
@@ -200,7 +200,9 @@ def perplexity(model: Any, ids: list[int], seq_len: int) -> float:
     return math.exp(total / max(1, count))
 
 
-def unigram_perplexity(train_ids: list[int], eval_ids: list[int], vocab: int, seq_len: int) -> float:
+def unigram_perplexity(
+    train_ids: list[int], eval_ids: list[int], vocab: int, seq_len: int
+) -> float:
     """Perplexity of an add-one unigram model fit on the train split, scored on exactly
     the tokens :func:`perplexity` scores (same chunks, first token of each unscored)."""
     counts = Counter(train_ids)
@@ -250,7 +252,7 @@ def build_tiny_target(
     """Build, train and save the tiny target into ``out_dir``; return its metrics."""
     import torch
 
-    from eagle3_pipeline.data.corpus import builtin_conversations
+    from eagle3_pipeline.core.corpus import builtin_conversations
 
     torch.manual_seed(seed)
     t0 = time.perf_counter()
@@ -264,8 +266,12 @@ def build_tiny_target(
     held_texts = render_corpus(tokenizer, _turn_prefixes(held_convs))
     train_ids = _token_stream(tokenizer, train_texts)
     held_ids = _token_stream(tokenizer, held_texts)
-    log.info("tokenizer: %d tokens; corpus: %d train / %d held-out tokens",
-             len(tokenizer), len(train_ids), len(held_ids))
+    log.info(
+        "tokenizer: %d tokens; corpus: %d train / %d held-out tokens",
+        len(tokenizer),
+        len(train_ids),
+        len(held_ids),
+    )
 
     model = build_model(shape, tokenizer, seed)
     n_params = sum(p.numel() for p in model.parameters())
@@ -278,7 +284,9 @@ def build_tiny_target(
     reloaded = load_target_model(out_dir)
     probe = torch.tensor([held_ids[: min(64, len(held_ids))]])
     with torch.no_grad():
-        same = torch.equal(language_model_forward(model, probe), language_model_forward(reloaded, probe))
+        same = torch.equal(
+            language_model_forward(model, probe), language_model_forward(reloaded, probe)
+        )
     if not same:
         raise RuntimeError(f"{out_dir}: reloaded target gives different logits")
     return {

@@ -8,5 +8,5 @@
 - :mod:`.loop` -- the trainer, over :mod:`.batches` (speculators' data path) and
   :mod:`.distributed` (process group, collectives, DDP / FSDP2).
 - :mod:`.state` (resume), :mod:`.save` (the draft), :mod:`.live` (curves, through dvclive),
-  :mod:`.metrics` (metrics/train.json).
+  :mod:`.metrics` (``paths.details``/train.json).
 """

@@ -30,14 +30,24 @@ def load_split(plan: TrainPlan, t: TrainConfig, split: str, hs_dtype: Any) -> An
 
         ep = Endpoint.from_env()
         return online_hidden_states_dataset(
-            plan.paths.prepared, split, 1.0 - t.val_fraction, t.tokens_per_step, hs_dtype,
-            endpoint=ep.url, api_key=ep.api_key, model=ep.model,
+            plan.paths.prepared,
+            split,
+            1.0 - t.val_fraction,
+            t.tokens_per_step,
+            hs_dtype,
+            endpoint=ep.url,
+            api_key=ep.api_key,
+            model=ep.model,
             stored_dtype=getattr(torch, plan.online.dtype),
             concurrency=plan.online.concurrency,
         )
     return strict_hidden_states_dataset(
-        plan.paths.prepared, plan.paths.hidden_states, split, 1.0 - t.val_fraction,
-        t.tokens_per_step, hs_dtype,
+        plan.paths.prepared,
+        plan.paths.hidden_states,
+        split,
+        1.0 - t.val_fraction,
+        t.tokens_per_step,
+        hs_dtype,
     )
 
 
@@ -48,8 +58,11 @@ def epoch_batches(ds: Any, t: TrainConfig, seed: int, d: Dist, epoch: int) -> li
     )
 
     sampler = MultipackDistributedBatchSamplerV2(
-        batch_max_length=t.tokens_per_step, lengths=ds.approx_lengths,
-        num_replicas=d.world, rank=d.rank, seed=seed,
+        batch_max_length=t.tokens_per_step,
+        lengths=ds.approx_lengths,
+        num_replicas=d.world,
+        rank=d.rank,
+        seed=seed,
     )
     sampler.set_epoch(epoch)
     batches = [[int(i) for i in b] for b in sampler]
@@ -59,21 +72,29 @@ def epoch_batches(ds: Any, t: TrainConfig, seed: int, d: Dist, epoch: int) -> li
         # per rank, so this only trims if it ever left a rank short
         n = all_reduce_ints([len(batches)], d, op="min")[0]
         if n < len(batches):
-            log.warning("rank %d: %d of its %d batches dropped to match the other ranks",
-                        d.rank, len(batches) - n, len(batches))
+            log.warning(
+                "rank %d: %d of its %d batches dropped to match the other ranks",
+                d.rank,
+                len(batches) - n,
+                len(batches),
+            )
         batches = batches[:n]
     return batches
 
 
-def make_loader(ds: Any, batches: list[list[int]], t: TrainConfig, spec: TargetSpec,
-                hs_dtype: Any) -> Any:
+def make_loader(
+    ds: Any, batches: list[list[int]], t: TrainConfig, spec: TargetSpec, hs_dtype: Any
+) -> Any:
     """Collated, shifted batches of ``batches`` (in this process: no loader workers)."""
     from speculators.models.eagle3.data import shift_batch
     from speculators.train.data import CollateFn
     from torch.utils.data import DataLoader
 
     collate = CollateFn(
-        t.tokens_per_step, spec.hidden_size, num_target_layers=len(spec.aux_layer_ids),
-        dtype=hs_dtype, preprocess=shift_batch,
+        t.tokens_per_step,
+        spec.hidden_size,
+        num_target_layers=len(spec.aux_layer_ids),
+        dtype=hs_dtype,
+        preprocess=shift_batch,
     )
     return DataLoader(ds, batch_sampler=batches, collate_fn=collate, num_workers=0)

@@ -38,8 +38,7 @@ def init_distributed(device: str) -> Dist:
 
     if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return Dist()
-    d = Dist(int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]),
-             int(os.environ["WORLD_SIZE"]))
+    d = Dist(int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"]))
     if device == "cuda":
         torch.cuda.set_device(d.local_rank)
     dist.init_process_group(backend=dist_backend(device))
@@ -80,8 +79,7 @@ def all_reduce_sums(values: dict[str, float], d: Dist, device: Any) -> dict[str,
     return dict(zip(keys, t.tolist(), strict=True))
 
 
-def wrap_parallel(model: Any, parallel: str, d: Dist, device: Any,
-                  autocast_dtype: Any) -> Any:
+def wrap_parallel(model: Any, parallel: str, d: Dist, device: Any, autocast_dtype: Any) -> Any:
     """The module the loop calls forward on: DDP around the draft, the sharded draft itself
     under FSDP2, or the draft (one process). Call it before building the optimizer: FSDP
     replaces the parameters."""
@@ -113,8 +111,11 @@ def shard(model: Any, d: Dist, autocast_dtype: Any) -> None:
     for layer in model.layers:
         fully_shard(layer, mp_policy=mp)
     fully_shard(model, mp_policy=mp)
-    set_model_state_dict(model, full, options=StateDictOptions(
-        full_state_dict=True, broadcast_from_rank0=True, strict=False))
+    set_model_state_dict(
+        model,
+        full,
+        options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False),
+    )
     del full
     dist.barrier()
 

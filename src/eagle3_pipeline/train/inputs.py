@@ -8,12 +8,11 @@ and the key that differ.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 from eagle3_pipeline.core.errors import ConfigError, rebuild_hint
 from eagle3_pipeline.core.safetensors import read_header
+from eagle3_pipeline.extract.record import ExtractManifest
 from eagle3_pipeline.targets.adapter import TargetSpec
 from eagle3_pipeline.train.errors import TrainingError
 
@@ -21,8 +20,10 @@ from eagle3_pipeline.train.errors import TrainingError
 def target_model_dir(spec: TargetSpec) -> Path:
     """The local target directory (embeddings, lm_head, final norm are read from it)."""
     if not spec.path:
-        raise TrainingError("target.json has no local path: training needs the target's "
-                            "embedding, lm_head and final-norm weights on this machine")
+        raise TrainingError(
+            "target.json has no local path: training needs the target's "
+            "embedding, lm_head and final-norm weights on this machine"
+        )
     path = Path(spec.path)
     if not (path / "config.json").is_file():
         raise TrainingError(f"{path}: target directory has no config.json (target.json path)")
@@ -39,35 +40,33 @@ def count_rows(prepared: Path) -> int:
         ds = load_from_disk(str(prepared))
     except Exception as exc:  # datasets raises many kinds for a damaged directory
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-        raise TrainingError(f"{prepared}: the prepared dataset is unreadable "
-                            f"({type(exc).__name__}: {first}); {rebuild_hint('prepare')}") from None
+        raise TrainingError(
+            f"{prepared}: the prepared dataset is unreadable "
+            f"({type(exc).__name__}: {first}); {rebuild_hint('prepare')}"
+        ) from None
     for col in ("input_ids", "loss_mask", "seq_len"):
         if col not in ds.column_names:
             raise TrainingError(f"{prepared}: column {col!r} missing (have {ds.column_names})")
     return len(ds)
 
 
-def _read_manifest(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise TrainingError(f"{path}: not found (run the extract stage)")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise TrainingError(f"{path}: not valid JSON ({exc}); {rebuild_hint('extract')}") from None
-
-
-def _check_manifest(path: Path, manifest: dict[str, Any], spec: TargetSpec) -> None:
+def _check_manifest(path: Path, manifest: ExtractManifest, spec: TargetSpec) -> None:
     """The extract stage's manifest names the layers and the target it read."""
-    layers = manifest.get("layers", {}).get("aux_layer_ids")
+    layers = manifest.layers.get("aux_layer_ids")
     if layers is None or [int(k) for k in layers] != list(spec.aux_layer_ids):
         raise TrainingError(
             f"{path}: hidden states of layers {layers}, but target.json's aux layer "
             f"ids are {spec.aux_layer_ids}: rerun the extract stage"
         )
-    recorded = manifest.get("target", {})
-    mine = {"name": spec.name, "hub_id": spec.hub_id, "revision": spec.revision,
-            "num_layers": spec.num_layers, "hidden_size": spec.hidden_size,
-            "vocab_size": spec.vocab_size}
+    recorded = manifest.target
+    mine = {
+        "name": spec.name,
+        "hub_id": spec.hub_id,
+        "revision": spec.revision,
+        "num_layers": spec.num_layers,
+        "hidden_size": spec.hidden_size,
+        "vocab_size": spec.vocab_size,
+    }
     for key, value in mine.items():
         theirs = recorded.get(key)
         if theirs != value:
@@ -103,7 +102,7 @@ def _check_files(hs_dir: Path, spec: TargetSpec, n_rows: int) -> None:
             )
 
 
-def check_hidden_states(hs_dir: Path, spec: TargetSpec, n_rows: int) -> dict[str, Any]:
+def check_hidden_states(hs_dir: Path, spec: TargetSpec, n_rows: int) -> ExtractManifest:
     """Refuse hidden states made from another target, revision or layer set; return the
     manifest.
 
@@ -113,13 +112,15 @@ def check_hidden_states(hs_dir: Path, spec: TargetSpec, n_rows: int) -> dict[str
     ``[seq, n_aux + 1, hidden]`` with the target's hidden size.
     """
     manifest_path = hs_dir / "manifest.json"
-    manifest = _read_manifest(manifest_path)
+    manifest = ExtractManifest.read(manifest_path)
     _check_manifest(manifest_path, manifest, spec)
-    if manifest.get("mode") == "online":  # no files: a server makes them during training
-        count = (manifest.get("samples") or {}).get("count")
+    if manifest.is_online:  # no files: a server makes them during training
+        count = manifest.samples.get("count")
         if count != n_rows:
-            raise TrainingError(f"{manifest_path}: recorded for {count} rows, the prepared "
-                                f"dataset has {n_rows}: rerun the extract stage")
+            raise TrainingError(
+                f"{manifest_path}: recorded for {count} rows, the prepared "
+                f"dataset has {n_rows}: rerun the extract stage"
+            )
     else:
         _check_files(hs_dir, spec, n_rows)
     return manifest

@@ -19,7 +19,6 @@ from typing import Any
 
 from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.core.errors import StageError
-from eagle3_pipeline.core.metrics import details_path
 from eagle3_pipeline.core.processes import group_members, process_group
 from eagle3_pipeline.train.online import online_server
 from eagle3_pipeline.train.plan import plan_training
@@ -31,8 +30,10 @@ WORKER_MODULE = "eagle3_pipeline.train.worker"
 STOP_TIMEOUT_S = 30.0  # torchrun's grace after SIGTERM to stop its workers
 
 
-def run_training(cfg: Config) -> dict[str, Any]:
-    """Train (or resume) the draft; metrics/train.json's content (not written here)."""
+def run_training(cfg: Config, preflight_snapshot: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Train (or resume) the draft; the details' content (``paths.details``/train.json,
+    not written here). ``preflight_snapshot``: the preflight stage's GPU reading, compared
+    with NVML's once the workers exited."""
     plan = plan_training(cfg)  # every refusal before any process starts
     with contextlib.ExitStack() as stack:
         if plan.online is not None:  # the workers inherit its endpoint
@@ -43,7 +44,7 @@ def run_training(cfg: Config) -> dict[str, Any]:
             metrics = train(cfg)
     metrics["hidden_states"] = "online" if plan.online is not None else "offline"
     if plan.runtime.device == "cuda":
-        metrics["gpu"] = gpu_reading(cfg)
+        metrics["gpu"] = gpu_reading(preflight_snapshot)
     else:
         metrics["gpu"] = {"mode": "not applicable", "reason": "trained on CPU"}
     reading = metrics["gpu"]
@@ -80,9 +81,17 @@ def launch_torchrun(cfg: Config, nproc: int, device: str = "cuda") -> dict[str, 
         params.write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)), encoding="utf-8")
         out = Path(tmp) / "metrics.json"
         cmd = [
-            sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc_per_node={nproc}", "-m", WORKER_MODULE,
-            "--params", str(params), "--out", str(out),
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={nproc}",
+            "-m",
+            WORKER_MODULE,
+            "--params",
+            str(params),
+            "--out",
+            str(out),
         ]
         log.info("launching: %s", " ".join(cmd))
         with process_group(cmd, STOP_TIMEOUT_S, "torchrun", env=_worker_env(device, nproc)) as proc:
@@ -92,8 +101,9 @@ def launch_torchrun(cfg: Config, nproc: int, device: str = "cuda") -> dict[str, 
                 # torchrun reaps its workers; anything left in the group is killed on leaving
                 survivors = group_members(proc.pid)
         if survivors:
-            log.warning("killed %d process(es) left in torchrun's group: %s",
-                        len(survivors), survivors)
+            log.warning(
+                "killed %d process(es) left in torchrun's group: %s", len(survivors), survivors
+            )
         if rc != 0:
             raise StageError(f"training workers failed (torchrun exit code {rc}); see above")
         metrics = json.loads(out.read_text(encoding="utf-8"))
@@ -106,18 +116,14 @@ def launch_torchrun(cfg: Config, nproc: int, device: str = "cuda") -> dict[str, 
         return metrics
 
 
-def gpu_reading(cfg: Config) -> dict[str, Any]:
-    """NVML after the workers exited, compared with preflight's reading when it has one."""
-    from eagle3_pipeline.preflight import gpu
+def gpu_reading(before: dict[str, Any] | None) -> dict[str, Any]:
+    """NVML after the workers exited, compared with preflight's reading ``before`` when
+    there is one."""
+    from eagle3_pipeline.core import gpu
 
     after = gpu.snapshot()
     if after.get("mode") != "cuda":
         return {"mode": "not applicable", "reason": after.get("reason", "no GPU")}
-    before: dict[str, Any] | None = None
-    pre = details_path(cfg, "preflight")
-    if pre.is_file():
-        data = json.loads(pre.read_text(encoding="utf-8"))
-        before = data.get("snapshot")  # written by the preflight stage
     problems = gpu.compare_snapshots(before, after) if before else []
     return {
         "after_workers_exit": after,

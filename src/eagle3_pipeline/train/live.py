@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.core.metrics import open_live
+from eagle3_pipeline.train.record import TrainRecord
 
 
 @dataclass
@@ -28,23 +29,29 @@ class History:
     steps: list[dict[str, Any]] = field(default_factory=list)
     epochs: list[dict[str, Any]] = field(default_factory=list)
 
-    def log_step(self, step: int, epoch: int, summary: dict[str, Any], lr: float,
-                 tokens_per_s: float) -> dict[str, Any]:
+    def log_step(
+        self, step: int, epoch: int, summary: dict[str, Any], lr: float, tokens_per_s: float
+    ) -> dict[str, Any]:
         """One optimizer step (``summary``: :func:`metrics.summarize` of its sums)."""
         row = {
-            "step": step, "epoch": epoch, "loss": summary["loss"],
+            "step": step,
+            "epoch": epoch,
+            "loss": summary["loss"],
             **{f"acc_{i}": a for i, a in enumerate(summary["accuracy_per_position"])},
-            "lr": lr, "tokens_per_s": tokens_per_s,
-        }  # fmt: skip
+            "lr": lr,
+            "tokens_per_s": tokens_per_s,
+        }
         self.steps.append(row)
         return row
 
     def log_epoch(self, epoch: int, step: int, val: dict[str, Any]) -> dict[str, Any]:
         """The validation at the end of an epoch (or of the run)."""
         row = {
-            "epoch": epoch, "step": step, "val_loss": val["loss"],
+            "epoch": epoch,
+            "step": step,
+            "val_loss": val["loss"],
             **{f"val_acc_{i}": a for i, a in enumerate(val["accuracy_per_position"])},
-        }  # fmt: skip
+        }
         self.epochs.append(row)
         return row
 
@@ -98,18 +105,14 @@ class LiveCurves:
         self.summary()
 
 
-# The figure of metrics/details/train.json that dvc exp show carries besides the step and
-# the last val loss (see core/metrics.py for why the headline is this short).
-HEADLINE_KEYS = ("tokens_per_s",)
-
-
-def write_summary(directory: Path, metrics: dict[str, Any]) -> dict[str, Any]:
-    """Add the stage's headline figures to dvclive's summary (values copied from
-    ``metrics``, never recomputed) and return the summary as written."""
+def write_summary(directory: Path, record: TrainRecord) -> dict[str, Any]:
+    """Add the record's headline fields to dvclive's summary, which carries the step and
+    the last val loss already (values copied, never recomputed; see core/metrics.py for
+    why the headline is this short), and return the summary as written."""
     live = open_live(directory, resume=True)
-    for key in HEADLINE_KEYS:
-        if isinstance(metrics.get(key), (int, float)) and not isinstance(metrics[key], bool):
-            live.log_metric(key, metrics[key], plot=False)
+    for key, value in record.headline().items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            live.log_metric(key, value, plot=False)
     if isinstance(live.summary.get("step"), int):  # resume moved it one past the last step
         live.step = live.summary["step"]
     live.make_summary()
@@ -126,14 +129,22 @@ def curves_figure(history: History, k: int) -> Any:
     steps = [r["step"] for r in history.steps]
     ax_l.plot(steps, [r["loss"] for r in history.steps], lw=0.8, label="train loss")
     if history.epochs:
-        ax_l.plot([r["step"] for r in history.epochs], [r["val_loss"] for r in history.epochs],
-                  "o-", label="val loss")  # fmt: skip
+        ax_l.plot(
+            [r["step"] for r in history.epochs],
+            [r["val_loss"] for r in history.epochs],
+            "o-",
+            label="val loss",
+        )
     ax_l.set_xlabel("step")
     ax_l.set_ylabel("loss (sum over TTT steps)")
     ax_l.legend()
     for i in range(k):
-        ax_a.plot([r["step"] for r in history.epochs],
-                  [r[f"val_acc_{i}"] for r in history.epochs], "o-", label=f"val acc pos {i}")  # fmt: skip
+        ax_a.plot(
+            [r["step"] for r in history.epochs],
+            [r[f"val_acc_{i}"] for r in history.epochs],
+            "o-",
+            label=f"val acc pos {i}",
+        )
     ax_a.set_xlabel("step")
     ax_a.set_ylabel("accuracy (all positions <= i correct)")
     ax_a.set_ylim(0, 1)

@@ -80,18 +80,25 @@ class DraftTrainer:
         # a process group started outside the stage (a hand-run torchrun) still gets DDP
         self.parallel = (rt.parallel if rt.parallel != "none" else "ddp") if d.world > 1 else "none"
         self.model = self._build_model()
-        self.prefetch = (self.t.prefetch_batches if self.t.prefetch_batches is not None
-                         else 2 if (self.device.type == "cuda" or plan.online) else 0)
+        self.prefetch = (
+            self.t.prefetch_batches
+            if self.t.prefetch_batches is not None
+            else 2
+            if (self.device.type == "cuda" or plan.online)
+            else 0
+        )
         self.train_ds = load_split(plan, self.t, "train", self.hs_dtype)
         self.val_ds = load_split(plan, self.t, "val", self.hs_dtype)
         # the multipack sampler packs each epoch's permutation differently: count them all
-        self.steps_per_epoch = [len(self.epoch_batches(self.train_ds, e))
-                                for e in range(self.t.epochs)]
+        self.steps_per_epoch = [
+            len(self.epoch_batches(self.train_ds, e)) for e in range(self.t.epochs)
+        ]
         self.total_steps = sum(self.steps_per_epoch)
         if self.t.max_steps is not None:
             self.total_steps = min(self.total_steps, self.t.max_steps)
-        self.ddp_model = wrap_parallel(self.model, self.parallel, d, self.device,
-                                       self.autocast_dtype)
+        self.ddp_model = wrap_parallel(
+            self.model, self.parallel, d, self.device, self.autocast_dtype
+        )
         self.optimizer, self.scheduler = build_optimizer(self.model, self.t, self.total_steps)
         self.global_step = 0
         self.history = History()
@@ -118,8 +125,15 @@ class DraftTrainer:
             freq, self.t.draft_vocab_size, p.spec.vocab_size, list(p.required_tokens.values())
         )
         model = build_draft(
-            p.spec, p.shape, self.k, self.t.draft_vocab_size, d2t, t2d, target_model_dir(p.spec),
-            self.attn, norm_before_residual=self.t.draft.norm_before_residual,
+            p.spec,
+            p.shape,
+            self.k,
+            self.t.draft_vocab_size,
+            d2t,
+            t2d,
+            target_model_dir(p.spec),
+            self.attn,
+            norm_before_residual=self.t.draft.norm_before_residual,
             options=self.t.draft,
         )
         return model.to(self.device)
@@ -147,8 +161,14 @@ class DraftTrainer:
         return self._kwargs
 
     def _to_device(self, batch: dict[str, Any]) -> dict[str, Any]:
-        keys = ("hidden_states", "input_ids", "verifier_last_hidden_states", "loss_mask",
-                "position_ids", "document_ids")
+        keys = (
+            "hidden_states",
+            "input_ids",
+            "verifier_last_hidden_states",
+            "loss_mask",
+            "position_ids",
+            "document_ids",
+        )
         return {k: batch[k].to(self.device, non_blocking=True) for k in keys}
 
     def _autocast(self) -> Any:
@@ -191,9 +211,16 @@ class DraftTrainer:
         self.scheduler.step()
         # the figures stay on the device: read back once per log window (flush_steps)
         keys = sorted(k for k in metrics if k.endswith(("_sum", "_total")))
-        values = torch.stack([torch.as_tensor(metrics[k], device=self.device).detach()
-                              .to(torch.float64).reshape(()) for k in keys]
-                             + [(gb["document_ids"] != -1).sum().to(torch.float64)])
+        values = torch.stack(
+            [
+                torch.as_tensor(metrics[k], device=self.device)
+                .detach()
+                .to(torch.float64)
+                .reshape(())
+                for k in keys
+            ]
+            + [(gb["document_ids"] != -1).sum().to(torch.float64)]
+        )
         return {"keys": [*keys, "tokens_sum"], "values": values, "lr": lr}
 
     # -- validation
@@ -206,8 +233,11 @@ class DraftTrainer:
         sums: dict[str, float] = {}
         batches = self.epoch_batches(self.val_ds, 0)
         with torch.no_grad():
-            ahead = prefetch(self.loader(self.val_ds, batches), self.prefetch,
-                             pin_memory=self.device.type == "cuda")
+            ahead = prefetch(
+                self.loader(self.val_ds, batches),
+                self.prefetch,
+                pin_memory=self.device.type == "cuda",
+            )
             with contextlib.closing(ahead):  # stops the thread if a forward fails
                 for batch in ahead:
                     gb = self._to_device(batch)
@@ -229,13 +259,15 @@ class DraftTrainer:
         per_rank[self.d.rank] = len(seen)
         total = all_reduce_ints(counts + per_rank, self.d)
         counts, per_rank = total[:n], total[n:]
-        self.sharding.append({
-            "epoch": epoch,
-            "rows_per_rank": per_rank,
-            "rows_seen": sum(1 for c in counts if c),
-            "rows_on_several_ranks": sum(1 for c in counts if c > 1),
-            "train_rows": n,
-        })
+        self.sharding.append(
+            {
+                "epoch": epoch,
+                "rows_per_rank": per_rank,
+                "rows_seen": sum(1 for c in counts if c),
+                "rows_on_several_ranks": sum(1 for c in counts if c > 1),
+                "train_rows": n,
+            }
+        )
 
     # -- the run
 
@@ -253,8 +285,14 @@ class DraftTrainer:
             start_epoch, skip = resume
         if self.d.main:
             self.curves = LiveCurves(self.plan.paths.live, self.history)
-        bar = tqdm(total=self.total_steps, initial=self.global_step, desc="train draft",
-                   unit="step", mininterval=1.0, disable=not (self.progress and self.d.main))
+        bar = tqdm(
+            total=self.total_steps,
+            initial=self.global_step,
+            desc="train draft",
+            unit="step",
+            mininterval=1.0,
+            disable=not (self.progress and self.d.main),
+        )
         try:
             return self._loop(bar, start_epoch, skip)
         finally:
@@ -283,8 +321,9 @@ class DraftTrainer:
             "val": self.last_val,
         }
 
-    def _train_epoch(self, bar: Any, epoch: int, batches: list[list[int]], start: int,
-                     run: _RunCounters) -> int:
+    def _train_epoch(
+        self, bar: Any, epoch: int, batches: list[list[int]], start: int, run: _RunCounters
+    ) -> int:
         """Steps of ``epoch`` from batch ``start`` on; the position reached in the epoch."""
         step_in_epoch = start
         todo = batches[start:]
@@ -292,8 +331,9 @@ class DraftTrainer:
         # (the fingerprint guarantees the same plan)
         seen = [i for b in batches[:start] for i in b]
         self._window_t0 = time.perf_counter()
-        batches_ahead = prefetch(self.loader(self.train_ds, todo), self.prefetch,
-                                 pin_memory=self.device.type == "cuda")
+        batches_ahead = prefetch(
+            self.loader(self.train_ds, todo), self.prefetch, pin_memory=self.device.type == "cuda"
+        )
         try:
             for rows, batch in zip(todo, batches_ahead, strict=True):
                 seen.extend(rows)
@@ -353,8 +393,9 @@ class DraftTrainer:
             if self.curves is not None:
                 self.curves.log_step(point)
         bar.update(len(pending))
-        bar.set_postfix(loss=f"{row['loss']:.3f}",
-                        acc0=f"{row['accuracy_per_position'][0]:.2f}", refresh=False)
+        bar.set_postfix(
+            loss=f"{row['loss']:.3f}", acc0=f"{row['accuracy_per_position'][0]:.2f}", refresh=False
+        )
         self._window_t0 = time.perf_counter()
 
     def _inject_fault(self, run: _RunCounters) -> None:
@@ -370,8 +411,12 @@ class DraftTrainer:
         point = self.history.log_epoch(epoch, self.global_step, val)
         if self.curves is not None:
             self.curves.log_epoch(point)
-        log.info("epoch %d: val loss %.4f, per-position accuracy %s", epoch,
-                 val["loss"], [round(a, 3) for a in val["accuracy_per_position"]])
+        log.info(
+            "epoch %d: val loss %.4f, per-position accuracy %s",
+            epoch,
+            val["loss"],
+            [round(a, 3) for a in val["accuracy_per_position"]],
+        )
         # resumes at the start of the next epoch; finished after the last one
         save_state(self, epoch + 1, 0, finished=self._done() or epoch + 1 == self.t.epochs)
         self.last_val = val

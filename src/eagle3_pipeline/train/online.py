@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.core.errors import StageError
+from eagle3_pipeline.extract.record import ExtractManifest
 from eagle3_pipeline.train.errors import TrainingError
 
 log = logging.getLogger(__name__)
@@ -51,21 +52,24 @@ class OnlineSource:
     dtype: str  # what offline extraction would have stored
 
     @classmethod
-    def from_manifest(cls, path: Path, manifest: dict[str, Any]) -> OnlineSource:
-        sec = manifest.get("online")
+    def from_manifest(cls, path: Path, manifest: ExtractManifest) -> OnlineSource:
+        sec: Any = manifest.online
         try:
             return cls(
-                engine=dict(sec["engine"]), python=sec.get("python"), port=int(sec["port"]),
+                engine=dict(sec["engine"]),
+                python=sec.get("python"),
+                port=int(sec["port"]),
                 concurrency=max(1, int(sec.get("concurrency", 1))),
                 staging_dir=sec.get("staging_dir"),
                 startup_timeout_s=float(sec["startup_timeout_s"]),
                 shutdown_timeout_s=float(sec["shutdown_timeout_s"]),
                 log_file=str(sec["log_file"]),
-                dtype=str(manifest["dtype"]),
+                dtype=str(manifest.dtype),
             )
         except (KeyError, TypeError, ValueError) as exc:
-            raise TrainingError(f"{path}: online manifest incomplete ({exc!r}): rerun the "
-                                "extract stage") from None
+            raise TrainingError(
+                f"{path}: online manifest incomplete ({exc!r}): rerun the extract stage"
+            ) from None
 
 
 @dataclass(frozen=True)
@@ -94,8 +98,9 @@ def _engine(source: OnlineSource, staging: Path) -> Any:
     kv = dict(eng.kv_transfer_config or {})
     extra = dict(kv.get("kv_connector_extra_config") or {})
     if extra.get("shared_storage_path") != STAGING_PLACEHOLDER:
-        raise TrainingError("online manifest: the engine has no staging placeholder: rerun "
-                            "the extract stage")
+        raise TrainingError(
+            "online manifest: the engine has no staging placeholder: rerun the extract stage"
+        )
     extra["shared_storage_path"] = str(staging.absolute())
     kv["kv_connector_extra_config"] = extra
     eng.kv_transfer_config = kv
@@ -117,9 +122,15 @@ def online_server(source: OnlineSource) -> Iterator[Endpoint]:
     try:
         engine = _engine(source, staging)
         server = engine_server(
-            engine, find_python(source.python), source.port, source.log_file,
-            source.startup_timeout_s, source.shutdown_timeout_s,
-            port_key="extract.server.port", error=StageError, remove=[staging],
+            engine,
+            find_python(source.python),
+            source.port,
+            source.log_file,
+            source.startup_timeout_s,
+            source.shutdown_timeout_s,
+            port_key="extract.server.port",
+            error=StageError,
+            remove=[staging],
         )
         with server:
             os.environ[ENV_URL] = f"{server.url}/v1"

@@ -16,8 +16,12 @@ from eagle3_pipeline.core.config import ConfigError, TrainConfig
 # speculators 0.9's own Muon settings (its OptimizerArgs defaults), so ``optimizer=muon``
 # is its recipe: momentum, the Muon group's weight decay, Newton-Schulz steps, and the
 # learning-rate adjustment that matches AdamW's update RMS (so one lr serves both groups).
-MUON_DEFAULTS = {"momentum": 0.95, "weight_decay": 0.1, "ns_steps": 5,
-                 "adjust_lr_fn": "match_rms_adamw"}
+MUON_DEFAULTS = {
+    "momentum": 0.95,
+    "weight_decay": 0.1,
+    "ns_steps": 5,
+    "adjust_lr_fn": "match_rms_adamw",
+}
 
 
 class OptimizerGroup:
@@ -44,8 +48,9 @@ class OptimizerGroup:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         saved = state["optimizers"]
         if len(saved) != len(self.optimizers):
-            raise ValueError(f"state holds {len(saved)} optimizers, this run has "
-                             f"{len(self.optimizers)}")
+            raise ValueError(
+                f"state holds {len(saved)} optimizers, this run has {len(self.optimizers)}"
+            )
         for o, s in zip(self.optimizers, saved, strict=True):
             o.load_state_dict(s)
 
@@ -82,8 +87,9 @@ def _schedule(optimizer: Any, t: TrainConfig, total_steps: int) -> Any:
     raise ConfigError(f"train.scheduler={t.scheduler!r} is not cosine, linear or none")
 
 
-def build_optimizer(model: Any, t: TrainConfig, total_steps: int
-                    ) -> tuple[OptimizerGroup, SchedulerGroup]:
+def build_optimizer(
+    model: Any, t: TrainConfig, total_steps: int
+) -> tuple[OptimizerGroup, SchedulerGroup]:
     """``train.optimizer`` over the trainable parameters, and ``train.scheduler``'s
     schedule for each optimizer."""
     import torch
@@ -94,11 +100,13 @@ def build_optimizer(model: Any, t: TrainConfig, total_steps: int
         muon, rest = split_named_params_for_muon(model)
         opts = []
         if muon:
-            opts.append(torch.optim.Muon([p for _, p in muon], lr=t.muon_lr or t.lr,
-                                         **MUON_DEFAULTS))
+            opts.append(
+                torch.optim.Muon([p for _, p in muon], lr=t.muon_lr or t.lr, **MUON_DEFAULTS)
+            )
         if rest:
-            opts.append(torch.optim.AdamW([p for _, p in rest], lr=t.lr,
-                                          weight_decay=t.weight_decay))
+            opts.append(
+                torch.optim.AdamW([p for _, p in rest], lr=t.lr, weight_decay=t.weight_decay)
+            )
     else:
         params = [p for p in model.parameters() if p.requires_grad]
         opts = [torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)]

@@ -78,15 +78,21 @@ def plan_training(cfg: Config, paths: TrainPaths | None = None) -> TrainPlan:
         )
     manifest = check_hidden_states(paths.hidden_states, spec, n_rows)
     online = None
-    if manifest.get("mode") == "online":
+    if manifest.is_online:
         online = OnlineSource.from_manifest(paths.hidden_states / "manifest.json", manifest)
     required = special_token_ids(tdir)
     fp = fingerprint(cfg, spec, shape, n_rows, runtime, "online" if online else "offline")
     return TrainPlan(spec, shape, runtime, paths, n_rows, required, fp, reason, online)
 
 
-def fingerprint(cfg: Config, spec: TargetSpec, shape: DraftShape, n_rows: int,
-                runtime: Runtime, mode: str = "offline") -> str:
+def fingerprint(
+    cfg: Config,
+    spec: TargetSpec,
+    shape: DraftShape,
+    n_rows: int,
+    runtime: Runtime,
+    mode: str = "offline",
+) -> str:
     """What a resumable state must match: every setting that changes the trajectory."""
     t = asdict(cfg.train)
     # a former test-only key, never part of the trajectory: dropped while configs carry it,
@@ -96,10 +102,17 @@ def fingerprint(cfg: Config, spec: TargetSpec, shape: DraftShape, n_rows: int,
     t.pop("prefetch_batches", None)
     t.pop("log_every_steps", None)
     blob = json.dumps(
-        {"train": t, "seed": cfg.seed, "target": spec.to_dict(), "shape": shape.to_dict(),
-         "rows": n_rows, "runtime": asdict(runtime),
-         # online states are rounded apart from the offline files: not resumed across modes
-         **({"hidden_states": mode} if mode != "offline" else {})},
-        sort_keys=True, default=str,
+        {
+            "train": t,
+            "seed": cfg.seed,
+            "target": spec.to_dict(),
+            "shape": shape.to_dict(),
+            "rows": n_rows,
+            "runtime": asdict(runtime),
+            # online states are rounded apart from the offline files: not resumed across modes
+            **({"hidden_states": mode} if mode != "offline" else {}),
+        },
+        sort_keys=True,
+        default=str,
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import resource
 import time
 from typing import Any
 
 from eagle3_pipeline.core.config import Config
-from eagle3_pipeline.train.distributed import close_distributed, init_distributed
+from eagle3_pipeline.train.distributed import (
+    close_distributed,
+    dist_backend,
+    init_distributed,
+    local_fraction,
+)
 from eagle3_pipeline.train.loop import DraftTrainer
-from eagle3_pipeline.train.metrics import run_metrics
 from eagle3_pipeline.train.plan import plan_training
 from eagle3_pipeline.train.save import save_draft
 from eagle3_pipeline.train.state import full_state_dict
@@ -29,10 +34,90 @@ def train(cfg: Config, progress: bool = True) -> dict[str, Any]:
         full = full_state_dict(trainer.model, "fsdp") if trainer.parallel == "fsdp" else None
         if not d.main:
             return {}
-        config = save_draft(trainer.model, plan.paths.draft, cfg.train.speculative_tokens,
-                            state_dict=full)
+        config = save_draft(
+            trainer.model, plan.paths.draft, cfg.train.speculative_tokens, state_dict=full
+        )
         if trainer.curves is not None:
             trainer.curves.finish(trainer.history, trainer.k)
         return run_metrics(cfg, trainer, result, config, time.perf_counter() - t_start)
     finally:
         close_distributed(d)
+
+
+def peak_memory_mib(device: str) -> float:
+    """Peak CUDA memory allocated by this process, or its peak RSS on CPU."""
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.max_memory_allocated() / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _rate(amount: float, seconds: float) -> float:
+    return amount / seconds if seconds else 0
+
+
+def run_metrics(
+    cfg: Config,
+    trainer: DraftTrainer,
+    result: dict[str, Any],
+    draft_config: dict[str, Any],
+    wall_s: float,
+) -> dict[str, Any]:
+    """The details (``paths.details``/train.json) as rank 0 sees them (the stage adds the
+    launcher and GPU reading).
+
+    ``result``: :meth:`DraftTrainer.run`'s; ``draft_config``: the saved draft's config."""
+    plan, d = trainer.plan, trainer.d
+    val = result["val"]
+    untrained = trainer.val_loss_untrained
+    return {
+        "val_loss": val["loss"],
+        "val_loss_untrained": untrained,
+        "val_loss_ratio": val["loss"] / untrained if untrained else None,
+        "val_accuracy_per_position": val["accuracy_per_position"],
+        "val_conditional_accuracy_per_position": val["conditional_accuracy_per_position"],
+        "val_untrained_accuracy_per_position": (trainer.val_untrained or {}).get(
+            "accuracy_per_position"
+        ),
+        "steps": trainer.global_step,
+        "total_steps": trainer.total_steps,
+        "steps_this_run": result["steps_this_run"],
+        "resumed": result["steps_this_run"] < trainer.global_step,
+        "steps_per_s": _rate(result["steps_this_run"], result["train_s"]),
+        "tokens_per_s": _rate(result["tokens_this_run"], result["train_s"]),
+        "wall_s": wall_s,
+        "peak_memory_mib": peak_memory_mib(plan.runtime.device),
+        "device": plan.runtime.device,
+        "dtype": plan.runtime.dtype,
+        "attn_implementation": trainer.attn,
+        "loss_implementation": trainer.loss_impl,
+        "world_size": d.world,
+        "parallel": trainer.parallel,
+        "parallel_reason": plan.parallel_reason if d.world > 1 else "one process",
+        "distributed_backend": dist_backend(plan.runtime.device) if d.world > 1 else None,
+        "data_parallel": trainer.sharding,
+        "hardware": cfg.hardware.name,
+        "model": cfg.model.name,
+        "draft_shape": plan.shape.to_dict(),
+        "draft_vocab_size": cfg.train.draft_vocab_size,
+        "recipe": {
+            "optimizer": str(cfg.train.optimizer),
+            "lr": cfg.train.lr,
+            "muon_lr": cfg.train.muon_lr,
+            "scheduler": str(cfg.train.scheduler),
+            "norm_before_fc": cfg.train.draft.norm_before_fc,
+            "fc_norm": cfg.train.draft.fc_norm,
+            "norm_output": cfg.train.draft.norm_output,
+            "ttt_step_loss_decay": cfg.train.ttt_step_loss_decay,
+        },
+        "required_tokens": plan.required_tokens,
+        "aux_layer_ids": draft_config.get("eagle_aux_hidden_state_layer_ids"),
+        "trainable_parameters": sum(
+            p.numel() for p in trainer.model.parameters() if p.requires_grad
+        ),
+        # share of the parameters rank 0 holds: 1 unsharded, ~1/world under FSDP
+        "local_parameter_fraction": local_fraction(trainer.model),
+        "train_rows": len(trainer.train_ds),
+        "val_rows": len(trainer.val_ds),
+    }

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from eagle3_pipeline.core.config import Config, ConfigError
+from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.draft.shape import DraftShape
 from eagle3_pipeline.targets.adapter import TargetSpec
 
@@ -33,57 +33,31 @@ class Runtime:
         return self.device == "cuda" or self.world_size > 1
 
 
-PARALLEL_CHOICES = ("auto", "ddp", "fsdp")
 # auto picks FSDP when DDP's per-GPU replica (weights + grads + AdamW state + frozen
 # weights) would take more than this share of the profile's GPU memory: the rest is for
 # activations of tokens_per_step tokens through the TTT unroll and the CUDA context.
 DDP_MEMORY_SHARE = 0.6
 
 
-def _check_kernels(device: str, attn: str | None, loss_impl: str | None) -> None:
-    if attn not in (None, "sdpa", "sdpa_packed", "eager", "simple_flex_attention"):
-        raise ConfigError(f"train.attn_implementation={attn!r} is not sdpa, sdpa_packed, "
-                          "eager or simple_flex_attention")
-    if device == "cpu" and attn == "simple_flex_attention":
-        raise ConfigError("train.attn_implementation=simple_flex_attention has no CPU backward")
-    if loss_impl not in (None, "eager", "fused"):
-        raise ConfigError(f"train.loss_implementation={loss_impl!r} is not eager or fused")
-
-
-def _world_size(cfg: Config, device: str) -> int:
-    t, hw = cfg.train, cfg.hardware
-    if t.nproc is not None and t.nproc < 1:
-        raise ConfigError(f"train.nproc={t.nproc} must be >= 1 (or null)")
-    if device != "cuda":
-        return t.nproc or 1
-    world = t.nproc or max(1, hw.gpu_count)
-    if hw.gpu_count and world > hw.gpu_count:
-        raise ConfigError(f"train.nproc={world} exceeds hardware.gpu_count={hw.gpu_count} "
-                          "(one worker per GPU)")
-    return world
-
-
 def resolve_runtime(cfg: Config) -> Runtime:
     """Device, dtype, attention, loss and worker count: ``train.*`` overrides, else the
-    hardware profile. The parallel mode needs the draft's shape: :func:`choose_parallel`."""
+    hardware profile. The parallel mode needs the draft's shape: :func:`choose_parallel`.
+    The settings were checked when the config was composed (``core.config.validate``)."""
     t, hw = cfg.train, cfg.hardware
     device = t.device or hw.device
-    if device not in ("cpu", "cuda"):
-        raise ConfigError(f"train.device={device!r} is not cpu or cuda")
     dtype = t.dtype or (hw.train_dtype if device == "cuda" else "float32")
-    if dtype not in ("float32", "bfloat16", "float16"):
-        raise ConfigError(f"train.dtype={dtype!r} is not float32, bfloat16 or float16")
     attn = t.attn_implementation or ("sdpa_packed" if device == "cpu" else None)
     loss_impl = t.loss_implementation or ("eager" if device == "cpu" else None)
-    _check_kernels(device, attn, loss_impl)
-    world = _world_size(cfg, device)
-    if t.parallel not in PARALLEL_CHOICES:
-        raise ConfigError(f"train.parallel={t.parallel!r} is not auto, ddp or fsdp")
+    if device != "cuda":
+        world = t.nproc or 1
+    else:
+        world = t.nproc or max(1, hw.gpu_count)
     return Runtime(device, dtype, attn, loss_impl, world)
 
 
-def choose_parallel(cfg: Config, shape: DraftShape, spec: TargetSpec,
-                    world: int) -> tuple[str, str]:
+def choose_parallel(
+    cfg: Config, shape: DraftShape, spec: TargetSpec, world: int
+) -> tuple[str, str]:
     """``(mode, reason)``: none for one process, else ``train.parallel`` or, for auto,
     fsdp when the draft is large, ddp otherwise.
 
@@ -100,18 +74,22 @@ def choose_parallel(cfg: Config, shape: DraftShape, spec: TargetSpec,
         return "none", "one process"
     if t.parallel != "auto":
         return t.parallel, f"train.parallel={t.parallel}"
-    trainable, frozen = estimate_parameters(shape, len(spec.aux_layer_ids),
-                                            t.draft_vocab_size, spec.vocab_size, t.draft)
+    trainable, frozen = estimate_parameters(
+        shape, len(spec.aux_layer_ids), t.draft_vocab_size, spec.vocab_size, t.draft
+    )
     if trainable >= t.fsdp_min_params:
-        return "fsdp", (f"auto: {trainable:,} trainable parameters >= "
-                        f"train.fsdp_min_params={t.fsdp_min_params:,}")
+        return "fsdp", (
+            f"auto: {trainable:,} trainable parameters >= "
+            f"train.fsdp_min_params={t.fsdp_min_params:,}"
+        )
     ddp_mib = (16 * trainable + 4 * frozen) / 2**20
     device = t.device or hw.device
     if device == "cuda" and hw.gpu_memory_mib and ddp_mib > DDP_MEMORY_SHARE * hw.gpu_memory_mib:
-        return "fsdp", (f"auto: a DDP replica needs ~{ddp_mib:,.0f} MiB per GPU, more than "
-                        f"{DDP_MEMORY_SHARE:.0%} of hardware.gpu_memory_mib={hw.gpu_memory_mib}")
-    return "ddp", (f"auto: {trainable:,} trainable parameters, ~{ddp_mib:,.0f} MiB per "
-                   "DDP replica")
+        return "fsdp", (
+            f"auto: a DDP replica needs ~{ddp_mib:,.0f} MiB per GPU, more than "
+            f"{DDP_MEMORY_SHARE:.0%} of hardware.gpu_memory_mib={hw.gpu_memory_mib}"
+        )
+    return "ddp", (f"auto: {trainable:,} trainable parameters, ~{ddp_mib:,.0f} MiB per DDP replica")
 
 
 def cuda_attention(device: Any, shape: DraftShape) -> str:

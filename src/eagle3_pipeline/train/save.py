@@ -22,8 +22,9 @@ def portable_verifier(name: str | None, out_dir: Path) -> str | None:
     return os.path.relpath(name, out_dir.resolve())
 
 
-def save_draft(model: Any, out_dir: Path, speculative_tokens: int,
-               state_dict: dict[str, Any] | None = None) -> dict[str, Any]:
+def save_draft(
+    model: Any, out_dir: Path, speculative_tokens: int, state_dict: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """``save_pretrained`` into ``out_dir`` atomically; return the written config.
 
     ``state_dict``: the full weights when the model is FSDP-sharded (gathered on rank 0,

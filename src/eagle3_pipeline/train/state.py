@@ -19,20 +19,39 @@ import logging
 import random
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from eagle3_pipeline.core.io import atomic_write_bytes, atomic_write_json
 from eagle3_pipeline.train.live import History
 
 if TYPE_CHECKING:
-    from eagle3_pipeline.train.loop import DraftTrainer
+    from eagle3_pipeline.train.distributed import Dist
+    from eagle3_pipeline.train.plan import TrainPlan
 
 log = logging.getLogger(__name__)
 
 STATE_FILE = "state.pt"
 SUMMARY_FILE = "state.json"
-_SUMMARY_KEYS = ("fingerprint", "global_step", "epoch", "step_in_epoch", "total_steps",
-                 "finished")
+_SUMMARY_KEYS = ("fingerprint", "global_step", "epoch", "step_in_epoch", "total_steps", "finished")
+
+
+class Resumable(Protocol):
+    """What resume saves and restores of a run: the parts of
+    :class:`~eagle3_pipeline.train.loop.DraftTrainer` it reads and sets (stated here, not
+    imported: the loop imports this module)."""
+
+    plan: TrainPlan
+    d: Dist
+    parallel: str
+    model: Any
+    optimizer: Any
+    scheduler: Any
+    global_step: int
+    total_steps: int
+    history: History
+    sharding: list[dict[str, Any]]
+    val_untrained: dict[str, Any] | None
+    val_loss_untrained: float | None
 
 
 def full_state_dict(model: Any, parallel: str) -> dict[str, Any]:
@@ -42,8 +61,9 @@ def full_state_dict(model: Any, parallel: str) -> dict[str, Any]:
         return {n: t.detach().cpu() for n, t in model.state_dict().items()}
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(model, options=StateDictOptions(
-        full_state_dict=True, cpu_offload=True))
+    return get_model_state_dict(
+        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
 
 
 def _trainable_state(model: Any, parallel: str) -> dict[str, Any]:
@@ -60,11 +80,14 @@ def _optimizer_state(model: Any, optimizer: Any, parallel: str) -> dict[str, Any
         get_optimizer_state_dict,
     )
 
-    return get_optimizer_state_dict(model, optimizer.optimizers, options=StateDictOptions(
-        full_state_dict=True, cpu_offload=True))
+    return get_optimizer_state_dict(
+        model,
+        optimizer.optimizers,
+        options=StateDictOptions(full_state_dict=True, cpu_offload=True),
+    )
 
 
-def save_state(tr: DraftTrainer, epoch: int, step_in_epoch: int, finished: bool = False) -> None:
+def save_state(tr: Resumable, epoch: int, step_in_epoch: int, finished: bool = False) -> None:
     """Write the position ``(epoch, step_in_epoch)`` to resume from (rank 0 writes)."""
     import numpy as np
     import torch
@@ -86,8 +109,11 @@ def save_state(tr: DraftTrainer, epoch: int, step_in_epoch: int, finished: bool 
         "model": model_state,
         "optimizer": optim_state,
         "scheduler": tr.scheduler.state_dict(),
-        "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
-                "python": random.getstate()},
+        "rng": {
+            "torch": torch.get_rng_state(),
+            "numpy": np.random.get_state(),
+            "python": random.getstate(),
+        },
         "history": asdict(tr.history),
         "sharding": tr.sharding,
         "val_untrained": tr.val_untrained,
@@ -121,7 +147,7 @@ def _read_state(path: Path, fingerprint: str, trainable: set[str]) -> dict[str, 
     return state
 
 
-def _restore_weights(tr: DraftTrainer, state: dict[str, Any]) -> None:
+def _restore_weights(tr: Resumable, state: dict[str, Any]) -> None:
     if tr.parallel == "fsdp":  # every rank read the full state: each keeps its shard
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
@@ -131,14 +157,18 @@ def _restore_weights(tr: DraftTrainer, state: dict[str, Any]) -> None:
 
         opts = StateDictOptions(full_state_dict=True, strict=False)
         set_model_state_dict(tr.model, state["model"], options=opts)
-        set_optimizer_state_dict(tr.model, tr.optimizer.optimizers, state["optimizer"],
-                                 options=StateDictOptions(full_state_dict=True))
+        set_optimizer_state_dict(
+            tr.model,
+            tr.optimizer.optimizers,
+            state["optimizer"],
+            options=StateDictOptions(full_state_dict=True),
+        )
     else:
         tr.model.load_state_dict(state["model"], strict=False)
         tr.optimizer.load_state_dict(state["optimizer"])
 
 
-def load_state(tr: DraftTrainer) -> tuple[int, int] | None:
+def load_state(tr: Resumable) -> tuple[int, int] | None:
     """Restore a matching unfinished state into ``tr``; its resume position
     ``(epoch, step_in_epoch)``, or None to train from scratch."""
     import numpy as np
@@ -159,6 +189,11 @@ def load_state(tr: DraftTrainer) -> tuple[int, int] | None:
     tr.sharding = list(state.get("sharding", []))
     tr.val_untrained = state.get("val_untrained")
     tr.val_loss_untrained = (tr.val_untrained or {}).get("loss")
-    log.info("resuming from %s at step %d (epoch %d, step %d of it)", path,
-             tr.global_step, state["epoch"], state["step_in_epoch"])
+    log.info(
+        "resuming from %s at step %d (epoch %d, step %d of it)",
+        path,
+        tr.global_step,
+        state["epoch"],
+        state["step_in_epoch"],
+    )
     return int(state["epoch"]), int(state["step_in_epoch"])

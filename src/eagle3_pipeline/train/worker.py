@@ -2,7 +2,8 @@
 
 The train stage starts it (:mod:`eagle3_pipeline.train.launch`) with the exact resolved
 config as the params file. Rank 0 writes the metrics it computed to ``--out``; the stage
-adds the NVML reading taken after all workers exited and writes metrics/train.json.
+adds the NVML reading taken after all workers exited and writes the stage's details
+(``paths.details``/train.json).
 """
 
 from __future__ import annotations

@@ -18,10 +18,10 @@ output at the previous position (before its final norm) with the embedding of th
 it just proposed, one position further, attending to every earlier position (the TTT
 attention pattern). Draft ids map to target ids through ``d2t`` (target = i + d2t[i]).
 
-Two implementations of the same decoding: this module's recomputes the whole prefix for
-every verification and the draft re-reads it every round (correctness first, the
-reference), and :mod:`eagle3_pipeline.validate.kv_cache` keeps KV caches for both
-(``validate.kv_cache``, the default), with identical tokens and counts.
+Two implementations of the same decoding: :class:`Target` and :class:`SpeculatorsDraft`
+recompute the whole prefix for every verification and the draft re-reads it every round
+(correctness first, the reference); :class:`CachedTarget` and :class:`CachedDraft` keep KV
+caches for both (``validate.kv_cache``, the default), with identical tokens and counts.
 """
 
 from __future__ import annotations
@@ -62,13 +62,16 @@ def load_prompts(path: str | Path, vocab_size: int | None = None) -> list[Prompt
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{p}:{n}: not valid JSON ({exc.msg})") from None
         ids = row.get("prompt_ids") if isinstance(row, dict) else None
-        if not isinstance(ids, list) or not ids or not all(
-            isinstance(i, int) and not isinstance(i, bool) for i in ids
+        if (
+            not isinstance(ids, list)
+            or not ids
+            or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
         ):
             raise ConfigError(f"{p}:{n}: 'prompt_ids' must be a non-empty list of ints")
         if vocab_size is not None and not all(0 <= i < vocab_size for i in ids):
-            raise ConfigError(f"{p}:{n}: 'prompt_ids' has ids outside the target vocabulary "
-                              f"(size {vocab_size})")
+            raise ConfigError(
+                f"{p}:{n}: 'prompt_ids' has ids outside the target vocabulary (size {vocab_size})"
+            )
         out.append(Prompt(str(row.get("id", n)), ids))
     if not out:
         raise ConfigError(f"{p}: no prompts")
@@ -95,15 +98,18 @@ class Target:
         self.forwards = 0
 
     @classmethod
-    def load(cls, spec: Any, dtype: str = "float32", device: str = "cpu",
-             gpu_count: int = 0) -> Target:
+    def load(
+        cls, spec: Any, dtype: str = "float32", device: str = "cpu", gpu_count: int = 0
+    ) -> Target:
         from eagle3_pipeline.targets.loading import load_language_model
 
         if not spec.path or not (Path(spec.path) / "config.json").is_file():
-            raise FileNotFoundError(f"{spec.path}: the target directory (target.json 'path') "
-                                    "has no config.json")
-        return cls(load_language_model(spec, Path(spec.path), dtype, device, gpu_count),
-                   spec.aux_layer_ids)
+            raise FileNotFoundError(
+                f"{spec.path}: the target directory (target.json 'path') has no config.json"
+            )
+        return cls(
+            load_language_model(spec, Path(spec.path), dtype, device, gpu_count), spec.aux_layer_ids
+        )
 
     @property
     def device(self) -> Any:
@@ -130,7 +136,7 @@ class Target:
         self.capture.remove()
 
     # The verifier interface speculative_decode and greedy_decode use; recomputing here,
-    # with KV caches in eagle3_pipeline.validate.kv_cache.CachedTarget.
+    # with KV caches in CachedTarget (below).
 
     def start(self, prompt_ids: Sequence[int]) -> tuple[Any, Any]:
         """Prefill: ``(logits of the last position, aux of every prompt position)``."""
@@ -163,8 +169,9 @@ class Greedy:
     margins: list[float]  # top-2 margin of the target's logits at each produced token
 
 
-def greedy_decode(target: Any, prompt_ids: Sequence[int], max_new_tokens: int,
-                  stop_ids: Iterable[int]) -> Greedy:
+def greedy_decode(
+    target: Any, prompt_ids: Sequence[int], max_new_tokens: int, stop_ids: Iterable[int]
+) -> Greedy:
     """The target's plain greedy decoding: the reference speculative decoding must equal.
     ``target``: a :class:`Target` or a ``CachedTarget`` (one new position per forward)."""
     stop = set(stop_ids)
@@ -225,8 +232,14 @@ class SpeculatorsDraft:
         start = cache.get_seq_length()
         cache_position = torch_arange(start, start + x.shape[1], x.device)
         for layer in m.layers:
-            x = layer(x, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                      cache_position=cache_position, position_embeddings=pos_emb)
+            x = layer(
+                x,
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=cache,
+                cache_position=cache_position,
+                position_embeddings=pos_emb,
+            )
         return x
 
     def _head(self, h: Any) -> tuple[Any, Any]:
@@ -314,6 +327,120 @@ class OracleDraft:
         return out
 
 
+# --------------------------------------------------------------------------- KV caches
+#
+# A target and a draft that speculative_decode drives exactly as the recomputing ones, with
+# the same tokens and counts, without recomputing the prefix (``validate.kv_cache``).
+#
+# Why: the recomputing evaluator runs the target over the whole sequence at every
+# verification and the draft over the whole prefix every round -- O(n^2) in generated
+# length. Fine for the tiny target; prohibitive for an 8B target on one GPU, which users run
+# before paying for vLLM time. Here:
+#
+# - the target keeps a KV cache of every token whose state is final. A verification feeds
+#   only the last produced token and the K drafts (K + 1 positions), then crops the cache
+#   back to the accepted prefix (rejected drafts roll back);
+# - the draft keeps a KV cache of its prefix positions. A round feeds only the pairs that
+#   are new since the last round, runs its K - 1 chained steps on top, then crops them away.
+#
+# The aux states the draft reads are kept from each verification's own forward (the same
+# rows the recomputing evaluator slices from its full forward).
+
+
+class CachedTarget:
+    """A :class:`Target` run incrementally over one sequence at a time."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.cache: Any = None
+
+    def reset(self) -> None:
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache()
+
+    def extend(self, ids: Sequence[int]) -> tuple[Any, Any]:
+        """Feed ``ids`` after the cached tokens: ``(logits [n, V] float32, aux [n, n_aux*H])``
+        of the new positions (one target forward)."""
+        import torch
+
+        t = self.target
+        t.forwards += 1
+        x = torch.tensor([list(ids)], dtype=torch.long, device=t.device)
+        with torch.no_grad():
+            logits = (
+                t.lm.model(input_ids=x, past_key_values=self.cache, use_cache=True)
+                .logits[0]
+                .float()
+            )
+        return logits, t.capture.take()[0][:, :-1].flatten(1)
+
+    # the verifier interface of Target
+
+    def start(self, prompt_ids: Sequence[int]) -> tuple[Any, Any]:
+        self.reset()
+        logits, aux = self.extend(prompt_ids)
+        return logits[-1], aux
+
+    def verify(self, ctx: Sequence[int], drafts: Sequence[int]) -> tuple[Any, Any]:
+        """The cache holds ``ctx[:-1]``: only the last produced token and the drafts are
+        fed (K + 1 positions)."""
+        return self.extend([ctx[-1], *drafts])
+
+    def keep(self, ctx_len: int, accepted: int, aux: Any, verified: Any) -> Any:
+        """Roll the rejected drafts back out of the cache; append the kept rows' aux."""
+        import torch
+
+        keep_first(self.cache, ctx_len + accepted)
+        return torch.cat([aux, verified[: accepted + 1]])
+
+
+def keep_first(cache: Any, length: int) -> None:
+    """Drop every cached position from ``length`` on. Why not ``crop(length)``: transformers
+    5 reads a positive argument as a size (deprecated) and a negative one as a count to
+    drop, and ``crop(0)`` once meant "drop everything"; a negative count means the same in
+    every version we accept."""
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)
+
+
+class CachedDraft:
+    """A :class:`SpeculatorsDraft` whose prefix positions stay in a KV cache between
+    rounds; the chained steps of a round are cropped away after it."""
+
+    def __init__(self, draft: SpeculatorsDraft) -> None:
+        self.draft = draft
+        self.cache: Any = None
+
+    def reset(self) -> None:
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache()
+
+    def propose(self, tokens: Sequence[int], aux: Any, k: int) -> list[int]:
+        import torch
+
+        d = self.draft
+        n = len(tokens)
+        if aux.shape[0] != n - 1:
+            raise ValueError(f"aux has {aux.shape[0]} rows, expected {n - 1}")
+        done = self.cache.get_seq_length()  # pairs 0..done-1 are cached
+        dtype = next(d.model.parameters()).dtype
+        with torch.no_grad():
+            x = d.pairs(tokens, aux, done)
+            new = n - 1 - done
+            positions = torch_arange(done + 1, n, d.device).unsqueeze(0)
+            mask = torch.zeros((new, done + new), dtype=dtype, device=d.device)
+            mask[:, done:] = torch.triu(
+                torch.full((new, new), float("-inf"), dtype=dtype, device=d.device), diagonal=1
+            )
+            out = d._layers(x, positions, self.cache, mask[None, None])[:, -1:]
+            proposed = d.chain(out, n, k, self.cache)
+            keep_first(self.cache, n - 1)  # the chain's entries are this round's only
+        return proposed
+
+
 # --------------------------------------------------------------------------- decoding
 
 
@@ -332,7 +459,11 @@ class PromptResult:
 
 
 def speculative_decode(
-    target: Any, draft: Proposer, prompt: Prompt, k: int, max_new_tokens: int,
+    target: Any,
+    draft: Proposer,
+    prompt: Prompt,
+    k: int,
+    max_new_tokens: int,
     stop_ids: Iterable[int],
 ) -> PromptResult:
     """Chained greedy speculative decoding of one prompt. ``target``: a :class:`Target`
@@ -419,7 +550,8 @@ def pool(results: Sequence[PromptResult], k: int, max_new_tokens: int) -> Accept
         lossless_prompts=sum(1 for r in checked if r.lossless),
         divergences=[
             {"prompt": r.id, "position": r.first_divergence, "top2_margin": r.divergence_margin}
-            for r in checked if not r.lossless
+            for r in checked
+            if not r.lossless
         ],
     )
 
@@ -437,8 +569,8 @@ def measure(
 ) -> tuple[AcceptanceResult, list[PromptResult]]:
     """Speculative decoding of every prompt, each compared with plain greedy decoding.
 
-    ``kv_cache``: decode with KV caches (:mod:`eagle3_pipeline.validate.kv_cache`; needs a
-    :class:`SpeculatorsDraft`): the same tokens and counts without recomputing prefixes."""
+    ``kv_cache``: decode with KV caches (:class:`CachedTarget`, :class:`CachedDraft`; needs
+    a :class:`SpeculatorsDraft`): the same tokens and counts without recomputing prefixes."""
     if k < 1:
         raise ConfigError(f"K={k} must be >= 1")
     if max_new_tokens < 1:
@@ -452,8 +584,6 @@ def measure(
         it = tqdm(prompts, desc=f"speculative decoding (K={k})", unit="prompt")
     verifier: Any = target
     if kv_cache:
-        from eagle3_pipeline.validate.kv_cache import CachedDraft, CachedTarget
-
         if not isinstance(draft, SpeculatorsDraft):
             raise ConfigError(f"kv_cache needs a SpeculatorsDraft, not {type(draft).__name__}")
         verifier, draft = CachedTarget(target), CachedDraft(draft)
@@ -464,8 +594,10 @@ def measure(
             r.lossless = r.tokens == ref.tokens
             if not r.lossless:
                 pairs = zip(r.tokens, ref.tokens, strict=False)
-                i = next((j for j, (a, b) in enumerate(pairs) if a != b),
-                         min(len(r.tokens), len(ref.tokens)))
+                i = next(
+                    (j for j, (a, b) in enumerate(pairs) if a != b),
+                    min(len(r.tokens), len(ref.tokens)),
+                )
                 r.first_divergence = i
                 r.divergence_margin = ref.margins[i] if i < len(ref.margins) else None
         results.append(r)

@@ -12,10 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from eagle3_pipeline.draft.layers import DRAFT_LAYERS
 from eagle3_pipeline.validate.checkpoint_report import Report
 
-# Layer types vLLM's speculators config path builds an EAGLE-3 draft from.
-VLLM_DRAFT_LAYER_TYPES = ("llama", "qwen3")
 # vLLM's llama_eagle3 sizes fc for this many aux states unless num_aux_hidden_states says so.
 VLLM_DEFAULT_NUM_AUX = 3
 
@@ -128,9 +127,7 @@ def _check_norm_before_residual(report: Report, config: dict[str, Any]) -> None:
             "draft is served with a different layer than it was trained with",
         )
     elif not isinstance(config["norm_before_residual"], bool):
-        report.error(
-            "field-type", where, f"must be a bool, got {config['norm_before_residual']!r}"
-        )
+        report.error("field-type", where, f"must be a bool, got {config['norm_before_residual']!r}")
 
 
 def _check_draft_vocab(report: Report, config: dict[str, Any]) -> int | None:
@@ -244,9 +241,7 @@ def _check_proposal_methods(report: Report, spec: dict[str, Any]) -> int | None:
     return k
 
 
-def _check_default_proposal(
-    report: Report, spec: dict[str, Any], methods: list[Any]
-) -> None:
+def _check_default_proposal(report: Report, spec: dict[str, Any], methods: list[Any]) -> None:
     """speculators refuses a default method that names no proposal method."""
     ptype = methods[0].get("proposal_type")
     dflt = spec.get("default_proposal_method")
@@ -295,21 +290,13 @@ def _check_verifier(report: Report, spec: dict[str, Any]) -> None:
 
 def _check_layer_type(report: Report, tlc: dict[str, Any]) -> str | None:
     layer_type = _require(report, tlc, "model_type", f"{TLC}.model_type", "str")
-    if layer_type is not None and layer_type not in VLLM_DRAFT_LAYER_TYPES:
+    if layer_type is not None and layer_type not in DRAFT_LAYERS:
         report.error(
             "layer-type",
             f"config.json:{TLC}.model_type",
-            f"{layer_type!r}: vLLM builds EAGLE-3 draft layers only for "
-            f"{', '.join(VLLM_DRAFT_LAYER_TYPES)}",
+            f"{layer_type!r}: vLLM builds EAGLE-3 draft layers only for {', '.join(DRAFT_LAYERS)}",
         )
         return None
-    if layer_type == "qwen3":
-        report.warning(
-            "layer-type",
-            f"config.json:{TLC}.model_type",
-            "qwen3 draft layers carry q_norm/k_norm; vLLM routes eagle3 drafts to its Llama "
-            "draft class -- confirm the serving vLLM loads them",
-        )
     return layer_type
 
 
@@ -363,9 +350,7 @@ def _check_head_dim(
     return head_dim
 
 
-def _check_target_hidden(
-    report: Report, config: dict[str, Any], hidden: int | None
-) -> int | None:
+def _check_target_hidden(report: Report, config: dict[str, Any], hidden: int | None) -> int | None:
     """speculators' EAGLE-3 draft is as wide as its target; absent means the same width."""
     target_hidden = config.get("target_hidden_size")
     if target_hidden is None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from eagle3_pipeline.core.errors import ConfigError
 from eagle3_pipeline.core.safetensors import TensorInfo, read_header
+from eagle3_pipeline.draft.layers import DRAFT_LAYERS
 from eagle3_pipeline.validate.checkpoint_config import CheckpointShape
 from eagle3_pipeline.validate.checkpoint_report import Report
 
@@ -184,7 +185,7 @@ def _layer_tensors(shape: CheckpointShape, i: int) -> tuple[Expected, Expected]:
     # writes it for layer 0 only.
     optional: Expected = {}
     (req if i == 0 else optional)[f"{p}hidden_norm.weight"] = ([h], "float")
-    if shape.layer_type == "qwen3":
+    if DRAFT_LAYERS[shape.layer_type].qk_norm:
         req[f"{p}self_attn.q_norm.weight"] = ([hd], "float")
         req[f"{p}self_attn.k_norm.weight"] = ([hd], "float")
     return req, optional

@@ -18,7 +18,7 @@ from eagle3_pipeline.targets.adapter import TargetSpec, describe_target, load_ta
 
 EPILOG = """\
 examples:
-  python -m eagle3_pipeline.validate.cli data/train/draft --target data/target/target.json
+  python -m eagle3_pipeline.validate.cli data/draft --target data/target/target.json
   python -m eagle3_pipeline.validate.cli DRAFT --target /models/Llama-3.1-8B --json
   python -m eagle3_pipeline.validate.cli DRAFT --no-reload     # format rules only
 

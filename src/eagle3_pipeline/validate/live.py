@@ -12,31 +12,37 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.core.metrics import open_live
-
-# The figures a user decides on (vllm_speedup needs validate.vllm=true; vLLM's own
-# acceptance length and losslessness must agree with ours -- the stage fails otherwise --
-# and stay in the details with K and the per-position rates).
-# With validate.k_sweep also the K with the best single-stream speedup and that speedup.
-HEADLINE_KEYS = ("acceptance_length", "vllm_speedup", "lossless", "vllm_best_k",
-                 "vllm_best_k_speedup")
+from eagle3_pipeline.validate.record import ValidateRecord
 
 
-def write_live(directory: Path, metrics: dict[str, Any], png: bytes) -> dict[str, Any]:
-    """Write dvclive's files for one validation; return the summary as written."""
+def write_live(directory: Path, record: ValidateRecord, png: bytes) -> dict[str, Any]:
+    """Write dvclive's files for one validation; return the summary as written.
+
+    The summary is the record's headline fields, the figures a user decides on
+    (vllm_speedup needs validate.vllm=true; vLLM's own acceptance length and losslessness
+    must agree with ours -- the stage fails otherwise -- and stay in the details with K
+    and the per-position rates; with validate.k_sweep also the best K and its speedup)."""
     live = open_live(directory)
-    for key in HEADLINE_KEYS:
-        value = metrics.get(key)
+    for key, value in record.headline().items():
         if isinstance(value, (int, float, str)) and not isinstance(value, bool):
             live.log_metric(key, value, plot=False)
         elif isinstance(value, bool):
             live.summary[key] = value  # dvclive logs numbers; a verdict stays a boolean
     # the evaluator's rates (vLLM's agree within validate.vllm_agreement_tol, checked by
     # the stage; both lists stay in the details)
-    points = [{"position": i, "acceptance": rate}
-              for i, rate in enumerate(metrics.get("per_position_rate") or [])]  # fmt: skip
-    live.log_plot("acceptance_per_position", points, x="position", y="acceptance",
-                  template="linear", title="accepted at each draft position (share of steps)",
-                  x_label="draft position", y_label="acceptance rate")  # fmt: skip
+    points = [
+        {"position": i, "acceptance": rate} for i, rate in enumerate(record.per_position_rate)
+    ]
+    live.log_plot(
+        "acceptance_per_position",
+        points,
+        x="position",
+        y="acceptance",
+        template="linear",
+        title="accepted at each draft position (share of steps)",
+        x_label="draft position",
+        y_label="acceptance rate",
+    )
     image = directory / "acceptance.png.tmp"
     image.write_bytes(png)
     try:

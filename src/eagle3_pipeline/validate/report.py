@@ -38,8 +38,7 @@ def acceptance_png(acc: dict[str, Any], title: str) -> bytes:
     fig, ax = plt.subplots(figsize=(6, 4))
     width = 0.4
     ax.bar([p - width / 2 for p in pos], rate, width, label="accepted / steps")
-    ax.bar([p + width / 2 for p in pos], cond, width,
-           label="accepted / steps reaching position")
+    ax.bar([p + width / 2 for p in pos], cond, width, label="accepted / steps reaching position")
     ax.set_xticks(pos)
     ax.set_xlabel("draft position")
     ax.set_ylabel("acceptance rate")
@@ -54,12 +53,16 @@ def acceptance_png(acc: dict[str, Any], title: str) -> bytes:
 
 
 def _acceptance_table(acc: dict[str, Any]) -> list[str]:
-    lines = ["| position | accepted | rate (of steps) | conditional rate |",
-             "|---:|---:|---:|---:|"]
+    lines = [
+        "| position | accepted | rate (of steps) | conditional rate |",
+        "|---:|---:|---:|---:|",
+    ]
     for i in range(acc["k"]):
-        lines.append(f"| {i + 1} | {acc['accepted_per_pos'][i]} | "
-                     f"{_fmt(acc['per_position_rate'][i])} | "
-                     f"{_fmt(acc['per_position_conditional'][i])} |")
+        lines.append(
+            f"| {i + 1} | {acc['accepted_per_pos'][i]} | "
+            f"{_fmt(acc['per_position_rate'][i])} | "
+            f"{_fmt(acc['per_position_conditional'][i])} |"
+        )
     return lines
 
 
@@ -82,8 +85,10 @@ def markdown_report(m: dict[str, Any]) -> str:
         f"{m['dtype']} on {m['device']})",
     ]
     for d in acc.get("divergences", [])[:10]:
-        lines.append(f"  - prompt {d['prompt']}: first divergence at token {d['position']}, "
-                     f"target top-2 logit margin {_fmt(d['top2_margin'], 4)}")
+        lines.append(
+            f"  - prompt {d['prompt']}: first divergence at token {d['position']}, "
+            f"target top-2 logit margin {_fmt(d['top2_margin'], 4)}"
+        )
     lines += [
         "",
         "## Acceptance length",
@@ -141,23 +146,34 @@ def model_card(m: dict[str, Any]) -> str:
     data = m["data"]
     train = m.get("train") or {}
     versions = m["versions"]
-    front = ["---", "library_name: speculators", "tags:", "- speculative-decoding",
-             "- eagle3", *([f"base_model: {t['hub_id']}"] if t.get("hub_id") else []),
-             "---", ""]
+    front = [
+        "---",
+        "library_name: speculators",
+        "tags:",
+        "- speculative-decoding",
+        "- eagle3",
+        *([f"base_model: {t['hub_id']}"] if t.get("hub_id") else []),
+        "---",
+        "",
+    ]
     lines = [
         f"# EAGLE-3 draft for {t['id']}",
         "",
         "A speculative-decoding draft (EAGLE-3, trained with "
         f"[speculators](https://github.com/vllm-project/speculators) "
         f"{versions.get('speculators') or ''}) for the target model `{t['id']}`"
-        + (f" at revision `{t['revision']}`." if t.get("revision") else
-           " (no pinned revision: a locally built target)."),
+        + (
+            f" at revision `{t['revision']}`."
+            if t.get("revision")
+            else " (no pinned revision: a locally built target)."
+        ),
         "",
         "## Use with vLLM",
         "",
         "```",
-        m["checkpoint"].get("serve_command") or "vllm serve TARGET --speculative-config "
-        f"'{{\"method\":\"eagle3\",\"model\":\"DRAFT\",\"num_speculative_tokens\":{acc['k']}}}'",
+        m["checkpoint"].get("serve_command")
+        or "vllm serve TARGET --speculative-config "
+        f'\'{{"method":"eagle3","model":"DRAFT","num_speculative_tokens":{acc["k"]}}}\'',
         "```",
         "",
         "## Draft",
@@ -181,9 +197,11 @@ def model_card(m: dict[str, Any]) -> str:
     ]
     v = m.get("vllm")
     if v:
-        lines.append(f"vLLM's own counters (1 + accepted/drafts) gave "
-                     f"{_fmt(v.get('mean_acceptance_length'))}; single-stream speedup in vLLM "
-                     f"{_fmt(v.get('speedup'), 2)}x ({m['dtype']} on {m['device']}).")
+        lines.append(
+            f"vLLM's own counters (1 + accepted/drafts) gave "
+            f"{_fmt(v.get('mean_acceptance_length'))}; single-stream speedup in vLLM "
+            f"{_fmt(v.get('speedup'), 2)}x ({m['dtype']} on {m['device']})."
+        )
     lines += [
         "",
         "## Training data",
@@ -207,8 +225,10 @@ def model_card(m: dict[str, Any]) -> str:
 def validation_files(m: dict[str, Any]) -> dict[str, bytes]:
     """data/validate/'s files by name: report.md, README.md (the model card), acceptance.png."""
     acc = m["acceptance"]
-    title = (f"{m['target']['name']}: acceptance length {acc['acceptance_length'] or 0:.2f} "
-             f"at K={acc['k']}")
+    title = (
+        f"{m['target']['name']}: acceptance length {acc['acceptance_length'] or 0:.2f} "
+        f"at K={acc['k']}"
+    )
     return {
         "report.md": markdown_report(m).encode("utf-8"),
         "README.md": model_card(m).encode("utf-8"),

@@ -14,9 +14,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline.core.config import Config, ConfigError
+from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.core.errors import StageError
 from eagle3_pipeline.core.metrics import details_path
+from eagle3_pipeline.validate.record import ValidateRecord
 
 log = logging.getLogger(__name__)
 
@@ -34,15 +35,8 @@ def paths(cfg: Config) -> dict[str, Path]:
 
 
 def runtime(cfg: Config) -> tuple[str, str]:
-    v = cfg.validate
-    device, dtype = cfg.validate_runtime()
-    if v.max_new_tokens < 1:
-        raise ConfigError(f"validate.max_new_tokens={v.max_new_tokens} must be >= 1")
-    if v.num_prompts is not None and v.num_prompts < 1:
-        raise ConfigError(f"validate.num_prompts={v.num_prompts} must be >= 1 or null")
-    if v.k is not None and v.k < 1:
-        raise ConfigError(f"validate.k={v.k} must be >= 1 or null")
-    return device, dtype
+    """The engines' device and dtype (the settings' ranges were checked at compose)."""
+    return cfg.validate_runtime()
 
 
 def draft_summary(draft_dir: Path) -> dict[str, Any]:
@@ -53,17 +47,31 @@ def draft_summary(draft_dir: Path) -> dict[str, Any]:
     except (OSError, json.JSONDecodeError):
         return {}
     layer = conf.get("transformer_layer_config") or {}
-    shape = {k: layer[k] for k in ("model_type", "num_hidden_layers", "hidden_size",
-                                   "num_attention_heads", "num_key_value_heads",
-                                   "intermediate_size") if k in layer}
+    shape = {
+        k: layer[k]
+        for k in (
+            "model_type",
+            "num_hidden_layers",
+            "hidden_size",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "intermediate_size",
+        )
+        if k in layer
+    }
     return {"draft_shape": shape or None, "draft_vocab_size": conf.get("draft_vocab_size")}
 
 
 def stop_token_ids(model_dir: str | Path) -> list[int]:
     from eagle3_pipeline.draft.shape import REASONING_MARKER_CANDIDATES, special_token_ids
 
-    return sorted({tid for name, tid in special_token_ids(model_dir).items()
-                   if name not in REASONING_MARKER_CANDIDATES})
+    return sorted(
+        {
+            tid
+            for name, tid in special_token_ids(model_dir).items()
+            if name not in REASONING_MARKER_CANDIDATES
+        }
+    )
 
 
 def check_checkpoint(draft_dir: Path, spec: Any) -> dict[str, Any]:
@@ -73,9 +81,10 @@ def check_checkpoint(draft_dir: Path, spec: Any) -> dict[str, Any]:
     for line in report.format().splitlines():
         log.info("checkpoint: %s", line)
     if not report.ok:
-        raise StageError(f"{draft_dir}: the checkpoint validator found "
-                         f"{len(report.errors)} error(s): "
-                         + "; ".join(f.line() for f in report.errors[:3]))
+        raise StageError(
+            f"{draft_dir}: the checkpoint validator found "
+            f"{len(report.errors)} error(s): " + "; ".join(f.line() for f in report.errors[:3])
+        )
     return {
         "ok": report.ok,
         "errors": len(report.errors),
@@ -86,8 +95,9 @@ def check_checkpoint(draft_dir: Path, spec: Any) -> dict[str, Any]:
     }
 
 
-def measure_acceptance(cfg: Config, spec: Any, draft_dir: Path, prompts_path: Path, k: int,
-                       device: str, dtype: str) -> dict[str, Any]:
+def measure_acceptance(
+    cfg: Config, spec: Any, draft_dir: Path, prompts_path: Path, k: int, device: str, dtype: str
+) -> dict[str, Any]:
     import torch
 
     from eagle3_pipeline.compat.speculators import load_draft
@@ -101,16 +111,31 @@ def measure_acceptance(cfg: Config, spec: Any, draft_dir: Path, prompts_path: Pa
     try:
         model = load_draft(draft_dir, spec.path, attn_implementation="sdpa", device=device)
         draft = SpeculatorsDraft(model, device=target.device, dtype=getattr(torch, dtype))
-        result, _ = measure(target, draft, prompts, k, v.max_new_tokens,
-                            stop_token_ids(spec.path), check_lossless=True, progress=True,
-                            kv_cache=v.kv_cache)
+        result, _ = measure(
+            target,
+            draft,
+            prompts,
+            k,
+            v.max_new_tokens,
+            stop_token_ids(spec.path),
+            check_lossless=True,
+            progress=True,
+            kv_cache=v.kv_cache,
+        )
     finally:
         target.close()
     return result.to_dict()
 
 
-def measure_vllm(cfg: Config, spec: Any, draft_dir: Path, prompts_path: Path, k: int,
-                 dtype: str, ours: dict[str, Any]) -> dict[str, Any]:
+def measure_vllm(
+    cfg: Config,
+    spec: Any,
+    draft_dir: Path,
+    prompts_path: Path,
+    k: int,
+    dtype: str,
+    ours: dict[str, Any],
+) -> dict[str, Any]:
     """Target + draft and target alone in real vLLM (see :mod:`eagle3_pipeline.validate.vllm`)."""
     from eagle3_pipeline.serving.engine import build_engine, log_file
     from eagle3_pipeline.serving.env import VllmEnvError, find_python
@@ -126,8 +151,9 @@ def measure_vllm(cfg: Config, spec: Any, draft_dir: Path, prompts_path: Path, k:
     stops = stop_token_ids(spec.path)
     model = spec.path or spec.hub_id
     engines = {
-        "with_draft": build_engine(cfg, spec, model, "validate", dtype=dtype,
-                                   draft_dir=draft_dir, k=k),
+        "with_draft": build_engine(
+            cfg, spec, model, "validate", dtype=dtype, draft_dir=draft_dir, k=k
+        ),
         "without_draft": build_engine(cfg, spec, model, "baseline", dtype=dtype),
     }
     runs: dict[str, dict[str, Any]] = {}
@@ -137,15 +163,35 @@ def measure_vllm(cfg: Config, spec: Any, draft_dir: Path, prompts_path: Path, k:
         def run(name: str, engine: Any) -> dict[str, Any]:
             log_path = log_file(cfg, f"validate_{name}")
             if v.vllm_mode == "offline":
-                res = run_offline(python, engine, ids, v.max_new_tokens, stops, log_path,
-                                  timeout_s=cfg.vllm.startup_timeout_s + 3600)
+                res = run_offline(
+                    python,
+                    engine,
+                    ids,
+                    v.max_new_tokens,
+                    stops,
+                    log_path,
+                    timeout_s=cfg.vllm.startup_timeout_s + 3600,
+                )
             else:
-                res = run_served(python, engine, v.server.port, ids, v.max_new_tokens,
-                                 stops, log_path, cfg.vllm.startup_timeout_s,
-                                 cfg.vllm.shutdown_timeout_s, v.server.concurrency)
-            log.info("vLLM %s: %d tokens at %.1f tokens/s (engine ready in %.0f s)", name,
-                     res["generated_tokens"], res["tokens_per_s"] or 0.0,
-                     res.get("load_s") or 0.0)
+                res = run_served(
+                    python,
+                    engine,
+                    v.server.port,
+                    ids,
+                    v.max_new_tokens,
+                    stops,
+                    log_path,
+                    cfg.vllm.startup_timeout_s,
+                    cfg.vllm.shutdown_timeout_s,
+                    v.server.concurrency,
+                )
+            log.info(
+                "vLLM %s: %d tokens at %.1f tokens/s (engine ready in %.0f s)",
+                name,
+                res["generated_tokens"],
+                res["tokens_per_s"] or 0.0,
+                res.get("load_s") or 0.0,
+            )
             return res
 
         for name, engine in engines.items():
@@ -154,16 +200,22 @@ def measure_vllm(cfg: Config, spec: Any, draft_dir: Path, prompts_path: Path, k:
         if v.k_sweep:  # the same draft at each K; the same run without it as the baseline
             sweep = {k: runs["with_draft"]}
             for kk in sorted(set(v.k_sweep) - {k}):
-                sweep[kk] = run(f"k{kk}", build_engine(cfg, spec, model, "validate",
-                                                        dtype=dtype, draft_dir=draft_dir, k=kk))
+                sweep[kk] = run(
+                    f"k{kk}",
+                    build_engine(
+                        cfg, spec, model, "validate", dtype=dtype, draft_dir=draft_dir, k=kk
+                    ),
+                )
             out.update(k_sweep_figures(sweep, runs["without_draft"]))
     except (VllmEnvError, VllmRunError, VllmError, OSError) as exc:
         raise StageError(f"vLLM validation failed: {exc}") from None
     out["mode"] = v.vllm_mode
     out["dtype"] = dtype
     out["commands"] = {name: e.shell(v.server.port) for name, e in engines.items()}
-    out["workarounds"] = {name: {"env": e.env, "compilation_config": e.compilation_config}
-                          for name, e in engines.items()}
+    out["workarounds"] = {
+        name: {"env": e.env, "compilation_config": e.compilation_config}
+        for name, e in engines.items()
+    }
     return out
 
 
@@ -180,17 +232,20 @@ def check_vllm_agreement(vllm: dict[str, Any], dtype: str, cfg: Config) -> None:
             f"{vllm['ours_acceptance_length']} (per position {vllm['ours_accepted_per_pos']}, "
             f"{vllm['ours_verification_steps']} steps) by more than "
             f"validate.vllm_agreement_tol={cfg.validate.vllm_agreement_tol}: vLLM does not "
-            "use the draft the way it was trained (aux layers, norms, weights)")
+            "use the draft the way it was trained (aux layers, norms, weights)"
+        )
     if not vllm["lossless"] and cfg.validate.require_lossless:
         raise StageError(
             f"vLLM's greedy output with the draft differs from its output without it on "
             f"{len(vllm['differing_prompts'])} of {vllm['prompts']} prompts "
-            f"(first: prompt {vllm['differing_prompts'][0]}) in float32")
+            f"(first: prompt {vllm['differing_prompts'][0]}) in float32"
+        )
 
 
-def validate_draft(cfg: Config, device: str, dtype: str) -> tuple[dict[str, Any], dict[str, Any]]:
+def validate_draft(cfg: Config, device: str, dtype: str) -> tuple[ValidateRecord, dict[str, Any]]:
     """Check and measure the draft (``device``/``dtype`` from :func:`runtime`); return
-    ``(metrics, context)``: metrics for metrics/validate.json, context for the report."""
+    ``(record, context)``: the record for ``paths.details``/validate.json, context for the
+    report."""
     from eagle3_pipeline.core.versions import installed_versions
     from eagle3_pipeline.targets.adapter import load_target_spec
     from eagle3_pipeline.validate.report import PACKAGES
@@ -215,63 +270,80 @@ def validate_draft(cfg: Config, device: str, dtype: str) -> tuple[dict[str, Any]
     vllm = None
     if cfg.validate.vllm:
         vllm = measure_vllm(cfg, spec, p["draft"], p["prompts"], k, dtype, acc)
-        log.info("vLLM: acceptance length %s (ours %s), lossless %s, %.1f -> %.1f tokens/s "
-                 "(speedup %.2fx)", _fmt(vllm["mean_acceptance_length"]),
-                 _fmt(acc["vllm_style_acceptance_length"]), vllm["lossless"],
-                 vllm["tokens_per_s_without_draft"] or 0.0,
-                 vllm["tokens_per_s_with_draft"] or 0.0, vllm["speedup"] or 0.0)
+        log.info(
+            "vLLM: acceptance length %s (ours %s), lossless %s, %.1f -> %.1f tokens/s "
+            "(speedup %.2fx)",
+            _fmt(vllm["mean_acceptance_length"]),
+            _fmt(acc["vllm_style_acceptance_length"]),
+            vllm["lossless"],
+            vllm["tokens_per_s_without_draft"] or 0.0,
+            vllm["tokens_per_s_with_draft"] or 0.0,
+            vllm["speedup"] or 0.0,
+        )
         check_vllm_agreement(vllm, dtype, cfg)
 
-    metrics: dict[str, Any] = {
-        "checkpoint_ok": checkpoint["ok"],
-        "checkpoint_errors": checkpoint["errors"],
-        "checkpoint_warnings": checkpoint["warnings"],
-        "acceptance_length": acc["acceptance_length"],
-        "vllm_style_acceptance_length": acc["vllm_style_acceptance_length"],
-        "per_position_rate": acc["per_position_rate"],
-        "per_position_conditional": acc["per_position_conditional"],
-        "accepted_per_pos": acc["accepted_per_pos"],
-        "k": k,
-        "prompts": acc["prompts"],
-        "tokens": acc["tokens"],
-        "verification_steps": acc["steps"],
-        "max_new_tokens": acc["max_new_tokens"],
-        "lossless": acc["lossless"],
-        "lossless_prompts": acc["lossless_prompts"],
-        "divergences": acc["divergences"],
-        "device": device,
-        "dtype": dtype,
-    }
-    if vllm is not None:
-        metrics["vllm_acceptance_length"] = vllm["mean_acceptance_length"]
-        metrics["vllm_per_position_rate"] = vllm["per_position_rate"]
-        metrics["vllm_lossless"] = vllm["lossless"]
-        metrics["vllm_tokens_per_s_with_draft"] = vllm["tokens_per_s_with_draft"]
-        metrics["vllm_tokens_per_s_without_draft"] = vllm["tokens_per_s_without_draft"]
-        metrics["vllm_speedup"] = vllm["speedup"]
-        if "best_k" in vllm:
-            metrics["vllm_best_k"] = vllm["best_k"]
-            metrics["vllm_best_k_speedup"] = vllm["best_k_speedup"]
-        metrics["vllm"] = vllm
+    in_vllm: dict[str, Any] = (
+        {}
+        if vllm is None
+        else {
+            "vllm_acceptance_length": vllm["mean_acceptance_length"],
+            "vllm_per_position_rate": vllm["per_position_rate"],
+            "vllm_lossless": vllm["lossless"],
+            "vllm_tokens_per_s_with_draft": vllm["tokens_per_s_with_draft"],
+            "vllm_tokens_per_s_without_draft": vllm["tokens_per_s_without_draft"],
+            "vllm_speedup": vllm["speedup"],
+            "vllm_best_k": vllm.get("best_k"),  # with validate.k_sweep only
+            "vllm_best_k_speedup": vllm.get("best_k_speedup"),
+            "vllm": vllm,
+        }
+    )
+    record = ValidateRecord(
+        checkpoint_ok=checkpoint["ok"],
+        checkpoint_errors=checkpoint["errors"],
+        checkpoint_warnings=checkpoint["warnings"],
+        acceptance_length=acc["acceptance_length"],
+        vllm_style_acceptance_length=acc["vllm_style_acceptance_length"],
+        per_position_rate=acc["per_position_rate"],
+        per_position_conditional=acc["per_position_conditional"],
+        accepted_per_pos=acc["accepted_per_pos"],
+        k=k,
+        prompts=acc["prompts"],
+        tokens=acc["tokens"],
+        verification_steps=acc["steps"],
+        max_new_tokens=acc["max_new_tokens"],
+        lossless=acc["lossless"],
+        lossless_prompts=acc["lossless_prompts"],
+        divergences=acc["divergences"],
+        device=device,
+        dtype=dtype,
+        **in_vllm,
+    )
     context = {
         "draft_dir": str(p["draft"]),
-        "target": {"id": spec.hub_id or f"{spec.name} (local: {spec.path})",
-                   "name": spec.name,
-                   "hub_id": spec.hub_id, "revision": spec.revision,
-                   "vllm_architecture": spec.vllm_architecture,
-                   "aux_layer_ids": spec.aux_layer_ids},
+        "target": {
+            "id": spec.hub_id or f"{spec.name} (local: {spec.path})",
+            "name": spec.name,
+            "hub_id": spec.hub_id,
+            "revision": spec.revision,
+            "vllm_architecture": spec.vllm_architecture,
+            "aux_layer_ids": spec.aux_layer_ids,
+        },
         "checkpoint": checkpoint,
         "acceptance": acc,
         "vllm": vllm,
         "device": device,
         "dtype": dtype,
         "seed": cfg.seed,
-        "data": {"source": cfg.data.source, "path": cfg.data.path,
-                 "license": data_licence(cfg), "regenerate": cfg.data.regenerate},
+        "data": {
+            "source": cfg.data.source,
+            "path": cfg.data.path,
+            "license": data_licence(cfg),
+            "regenerate": cfg.data.regenerate,
+        },
         "train": {**draft_summary(p["draft"]), "samples": cfg.train.samples},
         "versions": installed_versions(PACKAGES),
     }
-    return metrics, context
+    return record, context
 
 
 def _fmt(x: float | None) -> str:

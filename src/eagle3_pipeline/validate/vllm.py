@@ -34,7 +34,6 @@ from eagle3_pipeline.serving.server import engine_server
 log = logging.getLogger(__name__)
 
 
-
 class VllmError(RuntimeError):
     """The server did not start, died, or answered something unusable."""
 
@@ -61,8 +60,9 @@ def spec_decode_counters(text: str) -> dict[str, Any]:
                 pos = int(sample.labels["position"])
                 per_pos[pos] = per_pos.get(pos, 0) + int(sample.value)
     if out:
-        out["accepted_per_pos"] = [per_pos.get(i, 0) for i in range(max(per_pos) + 1)] \
-            if per_pos else []
+        out["accepted_per_pos"] = (
+            [per_pos.get(i, 0) for i in range(max(per_pos) + 1)] if per_pos else []
+        )
     return out
 
 
@@ -89,36 +89,62 @@ def _scrape(base_url: str) -> dict[str, Any]:
         return spec_decode_counters(resp.read().decode("utf-8"))
 
 
-def run_served(python: str | Path, engine: Engine, port: int,
-               prompts: Sequence[Sequence[int]], max_tokens: int,
-               stop_token_ids: Sequence[int], log_file: str | Path,
-               startup_timeout_s: float, shutdown_timeout_s: float,
-               concurrency: int = 1) -> dict[str, Any]:
+def run_served(
+    python: str | Path,
+    engine: Engine,
+    port: int,
+    prompts: Sequence[Sequence[int]],
+    max_tokens: int,
+    stop_token_ids: Sequence[int],
+    log_file: str | Path,
+    startup_timeout_s: float,
+    shutdown_timeout_s: float,
+    concurrency: int = 1,
+) -> dict[str, Any]:
     """The same measurement as :mod:`eagle3_pipeline.serving.worker`, through ``vllm serve``."""
     from openai import OpenAI
 
     t0 = time.perf_counter()
-    server = engine_server(engine, python, port, log_file, startup_timeout_s,
-                           shutdown_timeout_s, port_key="validate.server.port", error=VllmError)
+    server = engine_server(
+        engine,
+        python,
+        port,
+        log_file,
+        startup_timeout_s,
+        shutdown_timeout_s,
+        port_key="validate.server.port",
+        error=VllmError,
+    )
     with server:
         load_s = time.perf_counter() - t0
-        client = OpenAI(base_url=f"{server.url}/v1", api_key=server.api_key, timeout=600.0,
-                        max_retries=0)
+        client = OpenAI(
+            base_url=f"{server.url}/v1", api_key=server.api_key, timeout=600.0, max_retries=0
+        )
 
         def complete(ids: Sequence[int], n: int = max_tokens) -> list[int]:
             out = client.completions.create(
-                model=engine.served_model_name, prompt=list(ids), max_tokens=n,
+                model=engine.served_model_name,
+                prompt=list(ids),
+                max_tokens=n,
                 temperature=0.0,
-                extra_body={"return_token_ids": True, "stop_token_ids": list(stop_token_ids),
-                            "skip_special_tokens": False})
+                extra_body={
+                    "return_token_ids": True,
+                    "stop_token_ids": list(stop_token_ids),
+                    "skip_special_tokens": False,
+                },
+            )
             tokens = (out.choices[0].model_extra or {}).get("token_ids")
             if not isinstance(tokens, list):
                 raise VllmError("the server returned no token_ids (is this vLLM?)")
             return [int(t) for t in tokens]
 
         if prompts:
-            client.completions.create(model=engine.served_model_name,
-                                      prompt=list(prompts[0]), max_tokens=4, temperature=0.0)
+            client.completions.create(
+                model=engine.served_model_name,
+                prompt=list(prompts[0]),
+                max_tokens=4,
+                temperature=0.0,
+            )
         before = _scrape(server.url)
         g0 = time.perf_counter()
         with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
@@ -126,22 +152,32 @@ def run_served(python: str | Path, engine: Engine, port: int,
         wall = time.perf_counter() - g0
         after = _scrape(server.url)
     generated = sum(len(o) for o in outputs)
-    return {"outputs": outputs, "generated_tokens": generated, "wall_s": wall,
-            "tokens_per_s": generated / wall if wall > 0 else None, "load_s": load_s,
-            "counters": counter_delta(after, before), "run_s": time.perf_counter() - t0}
+    return {
+        "outputs": outputs,
+        "generated_tokens": generated,
+        "wall_s": wall,
+        "tokens_per_s": generated / wall if wall > 0 else None,
+        "load_s": load_s,
+        "counters": counter_delta(after, before),
+        "run_s": time.perf_counter() - t0,
+    }
 
 
 # --------------------------------------------------------------------------- verdict
 
 
-def compare(ours: dict[str, Any], draft_run: dict[str, Any], plain_run: dict[str, Any],
-            k: int) -> dict[str, Any]:
+def compare(
+    ours: dict[str, Any], draft_run: dict[str, Any], plain_run: dict[str, Any], k: int
+) -> dict[str, Any]:
     """vLLM's figures beside ours: acceptance, losslessness, speedup."""
     fig = acceptance_figures(draft_run["counters"])
     if not draft_run["counters"]:
         raise VllmError("vLLM reported no spec-decode counters: the draft was not used")
-    mismatched = [i for i, (a, b) in enumerate(
-        zip(draft_run["outputs"], plain_run["outputs"], strict=True)) if a != b]
+    mismatched = [
+        i
+        for i, (a, b) in enumerate(zip(draft_run["outputs"], plain_run["outputs"], strict=True))
+        if a != b
+    ]
     ours_len = ours.get("vllm_style_acceptance_length")
     vllm_len = fig["mean_acceptance_length"]
     tps_d, tps_p = draft_run.get("tokens_per_s"), plain_run.get("tokens_per_s")
@@ -151,8 +187,9 @@ def compare(ours: dict[str, Any], draft_run: dict[str, Any], plain_run: dict[str
         "ours_acceptance_length": ours_len,
         "ours_accepted_per_pos": ours.get("accepted_per_pos"),
         "ours_verification_steps": ours.get("steps"),
-        "acceptance_length_diff": (None if ours_len is None or vllm_len is None
-                                   else vllm_len - ours_len),
+        "acceptance_length_diff": (
+            None if ours_len is None or vllm_len is None else vllm_len - ours_len
+        ),
         "lossless": not mismatched,
         "lossless_prompts": len(draft_run["outputs"]) - len(mismatched),
         "prompts": len(draft_run["outputs"]),
@@ -161,13 +198,14 @@ def compare(ours: dict[str, Any], draft_run: dict[str, Any], plain_run: dict[str
         "tokens_per_s_with_draft": tps_d,
         "tokens_per_s_without_draft": tps_p,
         "speedup": tps_d / tps_p if tps_d and tps_p else None,
-        "engine_load_s": {"with_draft": draft_run.get("load_s"),
-                          "without_draft": plain_run.get("load_s")},
+        "engine_load_s": {
+            "with_draft": draft_run.get("load_s"),
+            "without_draft": plain_run.get("load_s"),
+        },
     }
 
 
-def k_sweep_figures(runs: dict[int, dict[str, Any]], plain_run: dict[str, Any]
-                    ) -> dict[str, Any]:
+def k_sweep_figures(runs: dict[int, dict[str, Any]], plain_run: dict[str, Any]) -> dict[str, Any]:
     """Per K: vLLM's acceptance length, single-stream tokens/s and speedup over the same
     run without the draft, and the K with the best speedup (``validate.k_sweep``)."""
     base = plain_run.get("tokens_per_s")
@@ -175,15 +213,21 @@ def k_sweep_figures(runs: dict[int, dict[str, Any]], plain_run: dict[str, Any]
     for k, run in sorted(runs.items()):
         fig = acceptance_figures(run["counters"])
         tps = run.get("tokens_per_s")
-        rows.append({
-            "k": k,
-            "acceptance_length": fig["mean_acceptance_length"],
-            "per_position_rate": fig["per_position_rate"],
-            "tokens_per_s": tps,
-            "speedup": tps / base if tps and base else None,
-            "lossless": run["outputs"] == plain_run["outputs"],
-        })
-    best = max((r for r in rows if r["speedup"] is not None), key=lambda r: r["speedup"],
-               default=None)
-    return {"k_sweep": rows, "best_k": best["k"] if best else None,
-            "best_k_speedup": best["speedup"] if best else None}
+        rows.append(
+            {
+                "k": k,
+                "acceptance_length": fig["mean_acceptance_length"],
+                "per_position_rate": fig["per_position_rate"],
+                "tokens_per_s": tps,
+                "speedup": tps / base if tps and base else None,
+                "lossless": run["outputs"] == plain_run["outputs"],
+            }
+        )
+    best = max(
+        (r for r in rows if r["speedup"] is not None), key=lambda r: r["speedup"], default=None
+    )
+    return {
+        "k_sweep": rows,
+        "best_k": best["k"] if best else None,
+        "best_k_speedup": best["speedup"] if best else None,
+    }

@@ -20,7 +20,6 @@ __all__ = [
     "FAMILIES",
     "GENERIC",
     "Family",
-    "check_tiny_architecture",
     "decoder_layers_attrs",
     "family_for_config",
     "final_norm_attrs",
@@ -79,15 +78,6 @@ def family_for_config(config: dict[str, Any]) -> Family:
     """The family a ``config.json`` belongs to (by ``model_type``, else architecture);
     :data:`GENERIC` when none claims it."""
     return next((f for f in FAMILIES.values() if f.matches(config)), GENERIC)
-
-
-def check_tiny_architecture(name: str) -> None:
-    """``model.tiny.architecture`` must name a family that has a tiny builder."""
-    buildable = [n for n, f in FAMILIES.items() if f.tiny is not None]
-    if name not in buildable:
-        raise ConfigError(
-            f"model.tiny.architecture={name!r} is not one of {', '.join(buildable)}"
-        )
 
 
 def _union(groups: Iterable[tuple[str, ...]]) -> tuple[str, ...]:

@@ -31,8 +31,10 @@ def vllm_default_aux_layer_ids(num_layers: int) -> list[int]:
     """vLLM's default ``(2, L//2, L-3)`` when it names 3 distinct valid layers, else 3
     layers spread over ``[1, L-1]`` (vLLM's default collapses for small targets)."""
     vllm_default = [2, num_layers // 2, num_layers - 3]
-    if all(0 < k < num_layers for k in vllm_default) and len(set(vllm_default)) == 3 and (
-        vllm_default == sorted(vllm_default)
+    if (
+        all(0 < k < num_layers for k in vllm_default)
+        and len(set(vllm_default)) == 3
+        and (vllm_default == sorted(vllm_default))
     ):
         return vllm_default
     if num_layers < 2:
@@ -225,7 +227,11 @@ GENERIC = Family(
     text_config_keys=("text_config", "language_config", "llm_config", "thinker_config"),
     weights=WeightNames(
         decoder_prefixes=(
-            "language_model.model.", "model.language_model.", "language_model.", "model.", ""
+            "language_model.model.",
+            "model.language_model.",
+            "language_model.",
+            "model.",
+            "",
         ),
         lm_head=("language_model.lm_head.weight", "lm_head.weight", "model.lm_head.weight"),
         other_embed=("transformer.wte.weight",),
@@ -234,6 +240,7 @@ GENERIC = Family(
     decoder_layers_attrs=("layers", "h", "blocks"),
     final_norm_attrs=("norm", "ln_f", "final_layernorm", "final_norm"),
     # router_bias: an unknown router is counted with a per-expert bias, as it always was
-    moe=MoeLayout(("n_routed_experts", "num_experts", "num_local_experts"), any_layout,
-                  router_bias=True),
+    moe=MoeLayout(
+        ("n_routed_experts", "num_experts", "num_local_experts"), any_layout, router_bias=True
+    ),
 )

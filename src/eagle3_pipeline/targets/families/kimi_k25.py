@@ -159,23 +159,25 @@ def kimi_config(cfg: dict[str, Any]) -> dict[str, Any]:
     text["rope_theta"] = rope.pop("rope_theta", 10000.0)
     kind = rope.pop("rope_type", "default")
     text["rope_scaling"] = {"type": kind, **rope} if kind != "default" else None
-    vision.update({
-        "init_pos_emb_height": vision["pos_emb_height"],
-        "init_pos_emb_width": vision["pos_emb_width"],
-        "init_pos_emb_time": vision["pos_emb_time"],
-        "pos_emb_type": "divided_fixed",
-        "merge_type": "sd2_tpool",
-        "video_attn_type": "spatial_temporal",
-        "vt_hidden_size": vision["hidden_size"],
-        "vt_intermediate_size": vision["intermediate_size"],
-        "vt_num_attention_heads": vision["num_attention_heads"],
-        "vt_num_hidden_layers": vision["num_hidden_layers"],
-        "mm_hidden_size": vision["hidden_size"],
-        "mm_projector_type": "patchmerger",
-        "projector_hidden_act": "gelu",
-        "projector_ln_eps": out.get("projection_layer_norm_eps", 1e-5),
-        "text_hidden_size": text["hidden_size"],
-    })
+    vision.update(
+        {
+            "init_pos_emb_height": vision["pos_emb_height"],
+            "init_pos_emb_width": vision["pos_emb_width"],
+            "init_pos_emb_time": vision["pos_emb_time"],
+            "pos_emb_type": "divided_fixed",
+            "merge_type": "sd2_tpool",
+            "video_attn_type": "spatial_temporal",
+            "vt_hidden_size": vision["hidden_size"],
+            "vt_intermediate_size": vision["intermediate_size"],
+            "vt_num_attention_heads": vision["num_attention_heads"],
+            "vt_num_hidden_layers": vision["num_hidden_layers"],
+            "mm_hidden_size": vision["hidden_size"],
+            "mm_projector_type": "patchmerger",
+            "projector_hidden_act": "gelu",
+            "projector_ln_eps": out.get("projection_layer_norm_eps", 1e-5),
+            "text_hidden_size": text["hidden_size"],
+        }
+    )
     out["text_config"], out["vision_config"] = text, vision
     return out
 

@@ -1,0 +1,147 @@
+"""Typed records: the JSON files one stage writes and others read.
+
+Each stage's details (``metrics/details/<stage>.json``) and the extract stage's manifest
+are dataclasses declared in the producing stage's subpackage (``train/record.py`` etc.),
+each field once with what it is. Writers build the record and :meth:`Record.write` it;
+readers get it back from :meth:`Record.read`, so a key renamed on one side and not the
+other fails in a test, not in a plan that silently stops finding a figure.
+
+Why a schema version: a file of another version (or one written before records were
+versioned, or missing a key) is refused with one line naming the file and the stage that
+rebuilds it, instead of a reader guessing at an older layout.
+
+Two field kinds besides plain ones: :func:`optional` (written only when set, so keys a
+run does not produce -- the vLLM figures without ``validate.vllm`` -- stay absent as
+before) and :func:`headline` (the figures DVC shows, see :mod:`eagle3_pipeline.core.metrics`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import MISSING, dataclass, field, fields
+from pathlib import Path
+from typing import Any, ClassVar, NoReturn, TypeVar
+
+from eagle3_pipeline.core.errors import StageError, rebuild_hint
+from eagle3_pipeline.core.io import atomic_write_json
+
+R = TypeVar("R", bound="Record")
+
+
+class RecordError(StageError):
+    """A record file that cannot be read as this pipeline's schema: one line naming the
+    file, what is wrong and which stage rebuilds it."""
+
+    def __init__(self, source: str | Path, problem: str, stage: str) -> None:
+        super().__init__(f"{source}: {problem}; {rebuild_hint(stage)}")
+        self.source, self.problem, self.stage = str(source), problem, stage
+
+    def __reduce__(self) -> Any:  # picklable, like any exception
+        return type(self), (self.source, self.problem, self.stage)
+
+
+def optional(*, headline: bool = False) -> Any:
+    """A field written only when set: None means the key is absent from the file."""
+    return field(default=None, metadata={"optional": True, "headline": headline})
+
+
+def headline() -> Any:
+    """A required field that is one of the figures DVC shows for the stage."""
+    return field(metadata={"headline": True})
+
+
+@dataclass(kw_only=True)
+class Record:
+    """Base of every record: the schema version and the JSON round trip."""
+
+    STAGE: ClassVar[str]  # the stage that writes the file (and rebuilds it)
+    # True: the headline goes to dvclive's summary (train, validate), written by the
+    # stage's live.py; False: to metrics/<stage>.json
+    HEADLINE_IN_DVCLIVE: ClassVar[bool] = False
+    # A file without a version is read as this version (None: refused). For records whose
+    # keys did not change when versions were introduced, so that old files stay usable.
+    UNVERSIONED_AS: ClassVar[int | None] = None
+
+    version: int = 1  # schema version; a subclass bumps its default when its keys change
+
+    @classmethod
+    def schema_version(cls) -> int:
+        """The version this pipeline writes and reads (the ``version`` field's default)."""
+        default = next(f.default for f in fields(cls) if f.name == "version")
+        assert isinstance(default, int)
+        return default
+
+    @classmethod
+    def headline_keys(cls) -> tuple[str, ...]:
+        """The fields DVC shows, in declaration order."""
+        return tuple(f.name for f in fields(cls) if f.metadata.get("headline"))
+
+    @classmethod
+    def required_keys(cls) -> tuple[str, ...]:
+        return tuple(
+            f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The file's content: every field, ``version`` first, unset optional ones left out."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None and f.metadata.get("optional"):
+                continue
+            out[f.name] = value
+        return out
+
+    def headline(self) -> dict[str, Any]:
+        """The headline fields that the run produced (unset optional ones left out)."""
+        return {k: v for k in self.headline_keys() if (v := getattr(self, k)) is not None}
+
+    def write(self, path: str | Path) -> None:
+        """Atomically: a crash never leaves a half-written record."""
+        atomic_write_json(path, self.to_dict())
+
+    @classmethod
+    def from_dict(cls: type[R], data: Any, source: str | Path) -> R:
+        """The record in ``data`` (a file's parsed JSON); :class:`RecordError` naming
+        ``source`` for another schema version or a missing key. Keys this version does not
+        declare are ignored."""
+        if not isinstance(data, dict):
+            cls._refuse(source, f"not a JSON object (a {type(data).__name__})")
+        version = data.get("version", cls.UNVERSIONED_AS)
+        if version != cls.schema_version():
+            found = (
+                "no schema version (written before records were versioned)"
+                if version is None
+                else f"schema version {version!r}"
+            )
+            cls._refuse(source, f"{found}, this pipeline reads version {cls.schema_version()}")
+        missing = [k for k in cls.required_keys() if k not in data]
+        if missing:
+            cls._refuse(source, f"missing key(s) {', '.join(missing)}")
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    @classmethod
+    def read(cls: type[R], path: str | Path) -> R:
+        """The record in ``path``; :class:`RecordError` when it is absent or unreadable."""
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            cls._refuse(path, "not found")
+        except (OSError, UnicodeDecodeError) as exc:
+            cls._refuse(path, f"unreadable ({type(exc).__name__}: {exc})")
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            cls._refuse(path, f"not valid JSON ({exc})")
+        return cls.from_dict(data, path)
+
+    @classmethod
+    def read_if_present(cls: type[R], path: str | Path) -> R | None:
+        """Like :meth:`read`, but None when there is no file (no run wrote it yet)."""
+        return cls.read(path) if Path(path).exists() else None
+
+    @classmethod
+    def _refuse(cls, source: str | Path, problem: str) -> NoReturn:
+        raise RecordError(source, problem, cls.STAGE)

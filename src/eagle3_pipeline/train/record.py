@@ -1,0 +1,63 @@
+"""``metrics/details/train.json``: every figure of one training run.
+
+Rank 0 computes most of it (:func:`eagle3_pipeline.train.run.run_metrics`); the
+stage adds how the workers were launched and NVML's reading once they exited. The plan
+reads the measured ``tokens_per_s`` back; the headline field goes to dvclive's summary
+(:func:`eagle3_pipeline.train.live.write_summary`), next to dvclive's own step and val loss.
+
+Only ``core`` is imported here: the plan (run by preflight) reads this record without
+running the training code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from eagle3_pipeline.core.records import Record, headline, optional
+
+
+@dataclass(kw_only=True)
+class TrainRecord(Record):
+    STAGE = "train"
+    HEADLINE_IN_DVCLIVE = True
+
+    val_loss: float  # on the held-out rows (sum over TTT steps), after training
+    val_loss_untrained: float | None  # the same before the first step (None: not measured)
+    val_loss_ratio: float | None  # val_loss / val_loss_untrained
+    val_accuracy_per_position: list[float]  # all draft tokens up to position i correct
+    val_conditional_accuracy_per_position: list[float]  # position i correct given i-1 was
+    val_untrained_accuracy_per_position: list[float] | None  # before the first step
+    steps: int  # optimizer steps, all runs
+    total_steps: int  # what the run was planned for
+    steps_this_run: int  # after a resume, fewer than steps
+    resumed: bool  # this run continued a killed one's state
+    steps_per_s: float  # this run's
+    tokens_per_s: float = headline()  # training tokens per second, this run's
+    wall_s: float  # the run, end to end
+    peak_memory_mib: float  # rank 0: CUDA peak allocation, or peak RSS on CPU
+    device: str  # cpu or cuda
+    dtype: str  # the training dtype
+    attn_implementation: str  # the draft's attention kernel
+    loss_implementation: str  # eager or fused loss
+    world_size: int  # training processes
+    parallel: str  # ddp, fsdp or none (one process)
+    parallel_reason: str  # why that parallel mode
+    distributed_backend: str | None  # nccl or gloo, None in one process
+    data_parallel: list[dict[str, Any]]  # per epoch: which rank trained on which rows
+    hardware: str  # the hardware profile's name: the plan trusts only its own profile's rate
+    model: str  # the target's name (model.name): the plan trusts only its own model's rate
+    draft_shape: dict[str, Any]  # the draft's layers, heads, sizes
+    draft_vocab_size: int  # train.draft_vocab_size
+    recipe: dict[str, Any]  # optimizer, learning rates, scheduler, norms, loss decay
+    required_tokens: dict[str, int]  # special tokens the draft vocabulary must keep
+    aux_layer_ids: list[int] | None  # the target layers the saved draft reads
+    trainable_parameters: int  # of the draft, on rank 0
+    local_parameter_fraction: float  # share rank 0 holds: 1 unsharded, ~1/world under FSDP
+    train_rows: int  # rows trained on
+    val_rows: int  # rows held out for val_loss
+    # added by the stage
+    launcher: dict[str, Any] | None = optional()  # torchrun: command, nproc, survivors
+    hidden_states: str  # offline (files) or online (a vLLM server during training)
+    gpu: dict[str, Any]  # NVML after the workers exited, vs preflight's snapshot
+    gpu_released: bool | None  # GPU memory back to preflight's reading (None: not checked)

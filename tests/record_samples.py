@@ -1,0 +1,192 @@
+"""Plausible records of every stage, for tests that need an earlier run's files: each
+builder fills every required field and takes keyword overrides, so a fixture states only
+the figures it is about and the file it writes is what the stage would write."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from eagle3_pipeline.data.record import PrepareRecord
+from eagle3_pipeline.extract.record import ExtractManifest, ExtractRecord
+from eagle3_pipeline.preflight.record import PreflightRecord
+from eagle3_pipeline.targets.record import TargetRecord
+from eagle3_pipeline.train.record import TrainRecord
+from eagle3_pipeline.validate.record import ValidateRecord
+
+CPU_GPU = {"mode": "not applicable", "reason": "trained on CPU"}
+
+
+def preflight_record(**overrides: Any) -> PreflightRecord:
+    fields: dict[str, Any] = dict(
+        passed=True,
+        strict=True,
+        failures=0,
+        mode="cpu",
+        hardware="cpu",
+        driver_version=None,
+        cuda_driver_version=None,
+        no_driver="no NVIDIA driver",
+        cuda_visible_devices=None,
+        cuda_device_order=None,
+        gpu_count_visible=0,
+        gpus=[],
+        torch=None,
+        packages={"torch": "2.9.0"},
+        disk=None,
+        vllm=None,
+        checks={"driver": {"passed": True, "reading": "CPU mode", "problems": []}},
+        snapshot={"mode": "cpu", "gpus": []},
+    )
+    return PreflightRecord(**{**fields, **overrides})
+
+
+def target_record(**overrides: Any) -> TargetRecord:
+    fields: dict[str, Any] = dict(
+        built=False,
+        name="tiny-kimi",
+        architecture="KimiK25ForConditionalGeneration",
+        num_layers=4,
+        hidden_size=64,
+        vocab_size=1024,
+        aux_layer_ids=[1, 2, 3],
+    )
+    return TargetRecord(**{**fields, **overrides})
+
+
+def prepare_record(**overrides: Any) -> PrepareRecord:
+    fields: dict[str, Any] = dict(
+        source="builtin",
+        conversations_in=1000,
+        conversations_invalid=0,
+        conversations_heldout=16,
+        conversations_train=250,
+        rows=500,
+        rows_dropped={},
+        rows_truncated=0,
+        errors={},
+        tokens=1_024_000,
+        supervised_tokens=600_000,
+        mean_tokens_per_row=2048.0,
+        max_tokens_per_row=4096,
+        max_seq_len=4096,
+        regenerate=False,
+        backend=None,
+        reasoning="keep",
+        wall_s=1.0,
+    )
+    return PrepareRecord(**{**fields, **overrides})
+
+
+def extract_record(**overrides: Any) -> ExtractRecord:
+    fields: dict[str, Any] = dict(
+        mode="offline",
+        backend="hf",
+        hardware="cpu",
+        target="tiny-kimi",
+        aux_layer_ids=[1, 2, 3],
+        dtype="bfloat16",
+        rank=0,
+        world_size=1,
+        samples=8,
+        tokens=800,
+        samples_written=8,
+        samples_reused=0,
+        tokens_computed=800,
+        tokens_per_s=5000.0,
+        wall_s=2.0,
+        bytes_written=409_600,
+        bytes_per_token=512.0,
+        peak_rss_bytes=10**9,
+    )
+    return ExtractRecord(**{**fields, **overrides})
+
+
+def manifest(**overrides: Any) -> ExtractManifest:
+    fields: dict[str, Any] = dict(
+        format="speculators-hidden-states/1",
+        backend="hf",
+        target={
+            "name": "tiny-kimi",
+            "hub_id": None,
+            "revision": None,
+            "num_layers": 4,
+            "hidden_size": 64,
+            "vocab_size": 1024,
+            "weights": "sha256:0",
+        },
+        tokenizer_sha256="0" * 64,
+        layers={"aux_layer_ids": [1, 2, 3], "final": "before_final_norm"},
+        hidden_size=64,
+        dtype="bfloat16",
+        samples={"count": 8, "tokens": 800, "input_ids_sha256": "0" * 64},
+        plan={"batch_tokens": 96},
+        mode="offline",
+    )
+    return ExtractManifest(**{**fields, **overrides})
+
+
+def train_record(**overrides: Any) -> TrainRecord:
+    fields: dict[str, Any] = dict(
+        val_loss=9.5,
+        val_loss_untrained=20.8,
+        val_loss_ratio=0.46,
+        val_accuracy_per_position=[0.3, 0.1, 0.05],
+        val_conditional_accuracy_per_position=[0.3, 0.3, 0.4],
+        val_untrained_accuracy_per_position=[0.0, 0.0, 0.0],
+        steps=10,
+        total_steps=10,
+        steps_this_run=10,
+        resumed=False,
+        steps_per_s=2.0,
+        tokens_per_s=1000.0,
+        wall_s=5.0,
+        peak_memory_mib=900.0,
+        device="cpu",
+        dtype="float32",
+        attn_implementation="sdpa_packed",
+        loss_implementation="eager",
+        world_size=1,
+        parallel="none",
+        parallel_reason="one process",
+        distributed_backend=None,
+        data_parallel=[],
+        hardware="cpu",
+        model="tiny-kimi",
+        draft_shape={"num_layers": 1},
+        draft_vocab_size=1024,
+        recipe={"optimizer": "adamw"},
+        required_tokens={},
+        aux_layer_ids=[1, 2, 3],
+        trainable_parameters=100_000,
+        local_parameter_fraction=1.0,
+        train_rows=10,
+        val_rows=2,
+        hidden_states="offline",
+        gpu=CPU_GPU,
+        gpu_released=None,
+    )
+    return TrainRecord(**{**fields, **overrides})
+
+
+def validate_record(**overrides: Any) -> ValidateRecord:
+    fields: dict[str, Any] = dict(
+        checkpoint_ok=True,
+        checkpoint_errors=0,
+        checkpoint_warnings=0,
+        acceptance_length=1.6,
+        vllm_style_acceptance_length=1.6,
+        per_position_rate=[0.4, 0.15, 0.05],
+        per_position_conditional=[0.4, 0.37, 0.33],
+        accepted_per_pos=[40, 15, 5],
+        k=3,
+        prompts=4,
+        tokens=160,
+        verification_steps=100,
+        max_new_tokens=40,
+        lossless=True,
+        lossless_prompts=4,
+        divergences=[],
+        device="cpu",
+        dtype="float32",
+    )
+    return ValidateRecord(**{**fields, **overrides})

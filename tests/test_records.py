@@ -1,0 +1,343 @@
+"""The typed records between stages: each round-trips, a file of another schema version or
+missing a key is refused in one line naming it and the command that rebuilds it, and what
+a writer produces is what the plan, the train stage and the dvclive headline read."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+from machines import cfg_for
+from record_samples import (
+    extract_record,
+    manifest,
+    preflight_record,
+    prepare_record,
+    target_record,
+    train_record,
+    validate_record,
+)
+
+from eagle3_pipeline.core.metrics import (
+    details_path,
+    headline_path,
+    read_details,
+    write_stage_metrics,
+)
+from eagle3_pipeline.core.records import Record, RecordError
+from eagle3_pipeline.data.record import PrepareRecord
+from eagle3_pipeline.extract.manifest import check_manifest, manifest_count
+from eagle3_pipeline.extract.record import ExtractManifest, ExtractRecord
+from eagle3_pipeline.plan import resources, target_info
+from eagle3_pipeline.preflight.record import PreflightRecord
+from eagle3_pipeline.targets.record import TargetRecord
+from eagle3_pipeline.train.record import TrainRecord
+from eagle3_pipeline.validate.record import ValidateRecord
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURE = REPO / "tests" / "fixtures" / "kimi_k25"
+KIMI = (
+    "model=kimi_k25",
+    "hardware=rtx_pro_6000_x8",
+    f"model.path={FIXTURE}",
+    "data.source=hf",
+    "data.path=org/chat-set",
+    "train.samples=1000",
+)
+
+SAMPLES = {
+    "preflight": preflight_record(),
+    "target": target_record(),
+    "prepare": prepare_record(),
+    "extract": extract_record(),
+    "manifest": manifest(),
+    "train": train_record(),
+    "validate": validate_record(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_each_record_round_trips(name: str, tmp_path: Path) -> None:
+    record = SAMPLES[name]
+    path = tmp_path / f"{name}.json"
+    record.write(path)
+    data = json.loads(path.read_text())
+    assert next(iter(data)) == "version" and data["version"] == record.schema_version() == 1
+    assert type(record).read(path) == record
+    assert not list(tmp_path.glob(".*.tmp"))  # written atomically: no temporary left
+
+
+def test_every_field_is_declared_once_with_its_comment() -> None:
+    """The schema is the dataclass: a key a stage writes is one of its fields, and the
+    ones a reader needs are required (no default to fall back on)."""
+    for cls in (
+        PreflightRecord,
+        TargetRecord,
+        PrepareRecord,
+        ExtractRecord,
+        ExtractManifest,
+        TrainRecord,
+        ValidateRecord,
+    ):
+        names = [f.name for f in dataclasses.fields(cls)]
+        assert len(names) == len(set(names)) and names[0] == "version", cls
+        assert cls.STAGE in ("preflight", "target", "prepare", "extract", "train", "validate")
+    assert {"hardware", "model", "tokens_per_s"} <= set(TrainRecord.required_keys())
+    assert {"hardware", "target", "tokens_per_s"} <= set(ExtractRecord.required_keys())
+    assert {"rows", "conversations_train", "mean_tokens_per_row"} <= set(
+        PrepareRecord.required_keys()
+    )
+
+
+def test_unset_optional_fields_stay_absent_from_the_file(tmp_path: Path) -> None:
+    """Keys a run does not produce (no vLLM, no k_sweep, the hf backend's timings on vllm)
+    are absent, as before the records, and read back as None."""
+    path = tmp_path / "validate.json"
+    validate_record().write(path)
+    data = json.loads(path.read_text())
+    assert "vllm_speedup" not in data and "vllm" not in data and "vllm_best_k" not in data
+    assert ValidateRecord.read(path).vllm_speedup is None
+    with_vllm = validate_record(vllm_speedup=2.5, vllm={"speedup": 2.5})
+    with_vllm.write(path)
+    assert json.loads(path.read_text())["vllm_speedup"] == 2.5
+
+
+# --------------------------------------------------------------------------- refusals
+
+
+def _one_line(exc: pytest.ExceptionInfo[RecordError], path: Path, stage: str) -> str:
+    text = str(exc.value)
+    assert "\n" not in text and text.startswith(f"{path}: ")
+    assert text.endswith(f"the {stage} stage rebuilds it: `dvc repro {stage}`"), text
+    return text
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_another_version_is_one_line_naming_the_file_and_the_rebuild(
+    name: str, tmp_path: Path
+) -> None:
+    record = SAMPLES[name]
+    path = tmp_path / f"{name}.json"
+    data = record.to_dict()
+    path.write_text(json.dumps({**data, "version": 2}))
+    with pytest.raises(RecordError) as exc:
+        type(record).read(path)
+    text = _one_line(exc, path, record.STAGE)
+    assert "schema version 2, this pipeline reads version 1" in text
+    # written before records were versioned: refused, but for a record that reads such
+    # files as a version (the manifest: its hidden states stay reusable)
+    path.write_text(json.dumps({k: v for k, v in data.items() if k != "version"}))
+    if type(record).UNVERSIONED_AS is not None:
+        assert type(record).read(path) == record
+        return
+    with pytest.raises(RecordError) as exc:
+        type(record).read(path)
+    assert "no schema version" in _one_line(exc, path, record.STAGE)
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_a_missing_key_is_one_line_naming_it(name: str, tmp_path: Path) -> None:
+    record = SAMPLES[name]
+    path = tmp_path / f"{name}.json"
+    data = record.to_dict()
+    gone = type(record).required_keys()[:2]
+    path.write_text(json.dumps({k: v for k, v in data.items() if k not in gone}))
+    with pytest.raises(RecordError) as exc:
+        type(record).read(path)
+    assert f"missing key(s) {', '.join(gone)}" in _one_line(exc, path, record.STAGE)
+
+
+def test_absent_damaged_and_foreign_files(tmp_path: Path) -> None:
+    path = tmp_path / "train.json"
+    assert TrainRecord.read_if_present(path) is None
+    with pytest.raises(RecordError) as exc:
+        TrainRecord.read(path)
+    assert "not found" in _one_line(exc, path, "train")
+    path.write_text('{"version": 1, "val_loss"')  # half-written
+    with pytest.raises(RecordError) as exc:
+        TrainRecord.read_if_present(path)
+    assert "not valid JSON" in _one_line(exc, path, "train")
+    path.write_text("[1, 2]")
+    with pytest.raises(RecordError) as exc:
+        TrainRecord.read(path)
+    assert "not a JSON object" in _one_line(exc, path, "train")
+
+
+# --------------------------------------------------------------------------- writers -> readers
+
+
+def test_stage_metrics_write_details_and_the_headline_the_plan_reads(tmp_path: Path) -> None:
+    cfg = cfg_for(tmp_path, *KIMI)
+    prep = prepare_record(mean_tokens_per_row=2048.0, rows=500, conversations_train=250)
+    write_stage_metrics(cfg, prep)
+    assert read_details(cfg, PrepareRecord) == prep
+    # the headline DVC shows: the record's headline fields, copied
+    assert json.loads(headline_path(cfg, PrepareRecord).read_text()) == {"rows": 500}
+    s = resources.estimate_storage(cfg, target_info.load_target(cfg.model))
+    assert not s.upper_bound and s.basis.startswith("measured")
+    assert s.mean_tokens_per_row == 2048.0 and s.rows_per_conversation == 2.0
+    # train and validate: the headline is dvclive's summary, not a metrics/ file
+    write_stage_metrics(cfg, train_record())
+    assert details_path(cfg, "train").is_file()
+    assert not (Path(cfg.metrics_dir) / "train.json").exists()
+    assert headline_path(cfg, TrainRecord) == Path(cfg.paths.live) / "train" / "metrics.json"
+
+
+def test_the_plan_takes_measured_rates_from_its_own_profile_and_model(tmp_path: Path) -> None:
+    cfg = cfg_for(tmp_path, *KIMI)
+    s = resources.estimate_storage(cfg, target_info.load_target(cfg.model))
+    write_stage_metrics(
+        cfg, extract_record(hardware=cfg.hardware.name, target=cfg.model.name, tokens_per_s=7000.0)
+    )
+    write_stage_metrics(
+        cfg,
+        train_record(
+            hardware=cfg.hardware.name,
+            model=cfg.model.name,
+            tokens_per_s=2.0 * s.tokens_per_conversation,
+        ),
+    )
+    ext, trn = resources.estimate_time(cfg, s)
+    assert ext.rate == 7000.0 and ext.source.startswith("measured: tokens_per_s in")
+    assert trn.rate == pytest.approx(2.0) and trn.source.startswith("measured")
+    # another model's figures are not this one's
+    write_stage_metrics(cfg, extract_record(hardware=cfg.hardware.name, target="other"))
+    ext, _ = resources.estimate_time(cfg, s)
+    assert ext.source.startswith("assumption")
+
+
+def test_the_plan_says_why_it_ignores_a_record_it_cannot_read(tmp_path: Path) -> None:
+    """Preflight runs the plan's estimate before the stage that rebuilds the file: an old
+    file must not fail it, and the estimate names the file and the command."""
+    cfg = cfg_for(tmp_path, *KIMI)
+    path = details_path(cfg, "prepare")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"mean_tokens_per_row": 2048, "rows": 500}))  # unversioned
+    s = resources.estimate_storage(cfg, target_info.load_target(cfg.model))
+    assert s.upper_bound and s.mean_tokens_per_row is None
+    assert f"{path}: no schema version" in s.basis and "`dvc repro prepare`" in s.basis
+
+
+def test_the_train_stage_reads_preflights_snapshot(tmp_path: Path, caplog) -> None:
+    from eagle3_pipeline.stages.train import preflight_snapshot
+
+    cfg = cfg_for(tmp_path)
+    assert preflight_snapshot(cfg) is None
+    snap = {
+        "mode": "cuda",
+        "gpus": [{"cuda_index": 0, "uuid": "GPU-0", "memory_used_mib": 1, "processes": []}],
+    }
+    write_stage_metrics(cfg, preflight_record(mode="cuda", snapshot=snap))
+    assert preflight_snapshot(cfg) == snap
+    assert json.loads(headline_path(cfg, PreflightRecord).read_text()) == {"passed": True}
+    details_path(cfg, "preflight").write_text(json.dumps({"snapshot": snap}))
+    assert preflight_snapshot(cfg) is None  # a warning, not a refused run
+    assert "`dvc repro preflight`" in caplog.text
+
+
+def test_the_manifest_the_extract_stage_writes_is_what_train_reads(tmp_path: Path) -> None:
+    from eagle3_pipeline.train.online import OnlineSource
+
+    path = tmp_path / "manifest.json"
+    online = {
+        "engine": {"model": "m"},
+        "python": None,
+        "port": 8010,
+        "concurrency": 2,
+        "staging_dir": None,
+        "startup_timeout_s": 60,
+        "shutdown_timeout_s": 10,
+        "log_file": "logs/online.log",
+    }
+    manifest(mode="online", online=online, dtype="float32").write(path)
+    read = ExtractManifest.read(path)
+    assert read.is_online and manifest_count(tmp_path) == 8
+    source = OnlineSource.from_manifest(path, read)
+    assert source.port == 8010 and source.concurrency == 2 and source.dtype == "float32"
+
+
+def test_a_manifest_from_before_versions_keeps_its_hidden_states(tmp_path: Path) -> None:
+    """Same keys, no ``version`` and (offline) no ``mode``: read as version 1, offline."""
+    old = manifest(mode="offline").to_dict()
+    del old["version"], old["mode"]
+    (tmp_path / "manifest.json").write_text(json.dumps(old))
+    read = ExtractManifest.read(tmp_path / "manifest.json")
+    assert read.version == 1 and read.mode == "offline" and not read.is_online
+    assert manifest_count(tmp_path) == read.samples["count"]
+
+
+def test_extract_never_reuses_files_under_a_manifest_it_cannot_read(tmp_path: Path) -> None:
+    from eagle3_pipeline.core.errors import StageError
+
+    key = {
+        k: v
+        for k, v in manifest().to_dict().items()
+        if k
+        in ("format", "backend", "target", "tokenizer_sha256", "layers", "hidden_size", "dtype")
+    }
+    old = manifest().to_dict()
+    old["version"] = 7  # an extraction by a newer pipeline
+    (tmp_path / "manifest.json").write_text(json.dumps(old))
+    (tmp_path / "hs_0.safetensors").write_bytes(b"x")
+    assert manifest_count(tmp_path) == 0
+    with pytest.raises(
+        StageError,
+        match=r"manifest.json: schema version 7.*"
+        r"extract.on_mismatch=restart",
+    ):
+        check_manifest(tmp_path, key, None, "refuse")  # type: ignore[arg-type]
+    assert check_manifest(tmp_path, key, None, "restart") == {}  # type: ignore[arg-type]
+    assert not list(tmp_path.iterdir())
+
+
+# --------------------------------------------------------------------------- the headline
+
+
+def test_the_headline_keys_are_declared_once_on_the_records() -> None:
+    from eagle3_pipeline.experiments.compare import FIGURES
+
+    assert PreflightRecord.headline_keys() == ("passed",)
+    assert PrepareRecord.headline_keys() == ("rows",)
+    assert TargetRecord.headline_keys() == () and ExtractRecord.headline_keys() == ()
+    assert TrainRecord.headline_keys() == ("tokens_per_s",)
+    assert set(ValidateRecord.headline_keys()) == {
+        "acceptance_length",
+        "vllm_speedup",
+        "lossless",
+        "vllm_best_k",
+        "vllm_best_k_speedup",
+    }
+    # eagle3-compare reads the validate summary by these keys
+    for _, file, keys in FIGURES:
+        if file.startswith("validate/"):
+            assert keys[0] in ValidateRecord.headline_keys(), keys
+    assert all(issubclass(c, Record) for c in (TrainRecord, ValidateRecord))
+
+
+def test_dvclive_summaries_are_the_records_headline(tmp_path: Path) -> None:
+    import io
+
+    from PIL import Image
+
+    from eagle3_pipeline.train.live import write_summary
+    from eagle3_pipeline.validate.live import write_live
+
+    png = io.BytesIO()
+    Image.new("RGB", (1, 1)).save(png, format="PNG")
+    v = validate_record(vllm_speedup=2.5, vllm_best_k=3, vllm_best_k_speedup=2.7)
+    summary = write_live(tmp_path / "validate", v, png.getvalue())
+    assert summary == {
+        "acceptance_length": 1.6,
+        "lossless": True,
+        "vllm_speedup": 2.5,
+        "vllm_best_k": 3,
+        "vllm_best_k_speedup": 2.7,
+    }
+    points = json.loads(
+        (tmp_path / "validate/plots/custom/acceptance_per_position.json").read_text()
+    )
+    assert [p["acceptance"] for p in points] == v.per_position_rate
+    summary = write_summary(tmp_path / "train", train_record(tokens_per_s=1234.5))
+    assert summary["tokens_per_s"] == 1234.5
