@@ -206,18 +206,41 @@ def test_choices_read_and_write_as_plain_strings():
     assert "backend: hf" in compose_yaml(conf_dir=REPO / "conf")
 
 
-def test_profiles_keep_their_values():
-    """The schema's defaults are the default run; the GPU profiles state their own."""
-    default = load_config(conf_dir=REPO / "conf")
-    assert default.hardware.serving.max_model_len == 4096
-    assert default.hardware.throughput.extract_tokens_per_s == 5000.0
-    assert default.model.dtype == "float32" and default.model.tiny is not None
-    assert default.data.server.base_url == "http://127.0.0.1:8000/v1"
-    h200 = load_config(["hardware=h200_x1", "model=qwen3_8b"], conf_dir=REPO / "conf")
-    assert h200.hardware.serving.max_model_len == 8192 and h200.model.dtype == "bfloat16"
-    assert h200.model.tiny is None
-    llama = load_config(["model=tiny_llama"], conf_dir=REPO / "conf")
-    assert llama.model.tiny is not None and llama.model.tiny.rope_scaling is None
+def _leaves(node: dict, where: str = "") -> list[tuple[str, object]]:
+    out: list[tuple[str, object]] = []
+    for key, value in node.items():
+        here = f"{where}{key}"
+        out += _leaves(value, f"{here}.") if isinstance(value, dict) else [(here, value)]
+    return out
+
+
+@pytest.mark.parametrize(
+    "group_file",
+    sorted(str(p.relative_to(REPO / "conf")) for p in (REPO / "conf").glob("*/*.yaml")),
+)
+def test_a_profile_gets_what_its_file_states_and_the_schema_the_rest(group_file):
+    """Selecting a group's profile sets exactly the keys its file states (on top of the
+    schema, the other groups staying as conf/config.yaml picks them): no key of the file is
+    lost or overridden while composing, and nothing it does not state moves."""
+    from omegaconf import OmegaConf
+
+    group, name = group_file.removesuffix(".yaml").split("/")
+    stated = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / group_file))
+    extra = ["data.path=chats.jsonl"] if group == "data" and name != "builtin" else []
+    cfg = asdict(load_config([f"{group}={name}", *extra], conf_dir=REPO / "conf"))
+    base = asdict(load_config(conf_dir=REPO / "conf"))
+    for key, value in _leaves(stated):
+        node = cfg[group]
+        for part in key.split("."):
+            node = node[part] if isinstance(node, dict) else None
+        if isinstance(value, str) and "${" in value:
+            continue  # an interpolation: resolved against the composed config
+        assert node == value, f"{group_file}: {key} states {value!r}, composed {node!r}"
+    for other in set(base) - {group, "paths"}:
+        assert cfg[other] == base[other], (group_file, other)
+
+
+def test_an_interpolated_default_follows_its_key():
     moved = load_config(["data.server.port=9000"], conf_dir=REPO / "conf")
     assert moved.data.server.base_url == "http://127.0.0.1:9000/v1"
 

@@ -91,24 +91,20 @@ def test_a_tiny_architecture_without_a_builder_fails_composing_in_one_line():
     assert "'qwen3', expected one of [kimi_k25, llama, qwen3_moe]" in line
 
 
-def test_the_unions_the_generic_code_reads_are_unchanged():
-    assert families.reasoning_markers() == ("<think>", "</think>")
-    assert families.decoder_layers_attrs() == ("layers", "h", "blocks")
-    assert families.final_norm_attrs() == ("norm", "ln_f", "final_layernorm", "final_norm")
-    assert VLLM_EAGLE3_TARGETS == {
-        "LlamaForCausalLM",
-        "Qwen2ForCausalLM",
-        "Qwen3ForCausalLM",
-        "Qwen3MoeForCausalLM",
-        "DeepseekV2ForCausalLM",
-        "DeepseekV3ForCausalLM",
-        "KimiK25ForConditionalGeneration",
-        "GptOssForCausalLM",
-        "MiniCPMForCausalLM",
-        "Llama4ForConditionalGeneration",
-        "Qwen2_5_VLForConditionalGeneration",
-        "Qwen3VLForConditionalGeneration",
-    }
+def test_the_unions_the_generic_code_reads_cover_every_family():
+    """What the generic code looks for (reasoning markers, decoder-layer and final-norm
+    attribute names) holds every registered family's own entries, once each."""
+    for union, of in (
+        (families.reasoning_markers(), lambda f: f.reasoning_markers),
+        (families.decoder_layers_attrs(), lambda f: f.decoder_layers_attrs),
+        (families.final_norm_attrs(), lambda f: f.final_norm_attrs),
+    ):
+        assert len(set(union)) == len(union), union
+        for f in FAMILIES.values():
+            assert set(of(f)) <= set(union), (f.name, of(f), union)
+    for f in FAMILIES.values():
+        if f.vllm_architecture and f.vllm_eagle3:
+            assert f.vllm_architecture in VLLM_EAGLE3_TARGETS, f.name
 
 
 # --------------------------------------------------------------------------- MoE layouts

@@ -158,3 +158,33 @@ def test_vllm_serves_every_draft_layer_type_we_offer():
     assert res.returncode == 0, res.stderr[-3000:]
     archs = json.loads(res.stdout.strip().splitlines()[-1])
     assert all(archs.values()), f"vLLM no longer serves these draft layer types: {archs}"
+
+
+def test_the_targets_we_call_eagle3_capable_are_vllms_own():
+    """``targets.adapter.VLLM_EAGLE3_TARGETS`` (what target.json reports and preflight
+    trusts) against the installed vLLM: each is a registered architecture whose class
+    supports EAGLE-3's aux hidden states. Fails when vLLM drops or renames one."""
+    from eagle3_pipeline.targets.adapter import VLLM_EAGLE3_TARGETS
+
+    # A multimodal class may not import on a CPU host: then its module's source says
+    # whether the class declares SupportsEagle3.
+    res = run_in_vllm(f"""
+        import ast, importlib.util, json
+        from vllm.model_executor.models.interfaces import supports_eagle3
+        from vllm.model_executor.models.registry import ModelRegistry
+        out = {{}}
+        for arch in {sorted(VLLM_EAGLE3_TARGETS)!r}:
+            cls = ModelRegistry._try_load_model_cls(arch)
+            if cls is not None:
+                out[arch] = bool(supports_eagle3(cls))
+                continue
+            lazy = ModelRegistry.models.get(arch)
+            spec = lazy and importlib.util.find_spec(lazy.module_name)
+            tree = ast.parse(open(spec.origin).read()) if spec else ast.Module(body=[])
+            out[arch] = any(isinstance(n, ast.ClassDef) and n.name == lazy.class_name
+                            and "SupportsEagle3" in ast.unparse(n.bases) for n in tree.body)
+        print(json.dumps(out))
+    """)
+    assert res.returncode == 0, res.stderr[-3000:]
+    found = json.loads(res.stdout.strip().splitlines()[-1])
+    assert all(found.values()), f"not EAGLE-3 targets in this vLLM: {found}"

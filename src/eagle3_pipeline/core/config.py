@@ -814,14 +814,15 @@ def stage_argparser(prog: str, description: str) -> argparse.ArgumentParser:
 
 
 def config_from_cli(
-    prog: str, description: str, argv: list[str] | None = None
+    prog: str, description: str, argv: list[str] | None = None, stage: str | None = None
 ) -> tuple[Config, argparse.Namespace]:
-    """Parse a stage's command line and load its config; exit 2 with one line on error."""
+    """Parse a stage's command line and load its config; exit 2 with one line on error,
+    which names ``stage`` (a stage's line reads like its other errors)."""
     parser = stage_argparser(prog, description)
     args = parser.parse_args(argv)
     try:
         cfg = load_config(args.overrides, params=args.params, conf_dir=args.conf_dir)
     except ConfigError as exc:
-        print(f"error: config: {exc}", file=sys.stderr)
+        print(f"error: {stage or 'config'}: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     return cfg, args

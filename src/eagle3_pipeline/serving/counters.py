@@ -18,6 +18,27 @@ COUNTERS = {
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 
 
+def generation_run(
+    outputs: list[list[int]],
+    wall_s: float,
+    after: dict[str, Any],
+    before: dict[str, Any],
+    **extra: Any,
+) -> dict[str, Any]:
+    """One measured generation pass, as both engines report it (the offline worker in the
+    vLLM environment, the serve mode over HTTP): the token ids, tokens/s over ``wall_s``
+    and the spec-decode counters accumulated during it, plus ``extra`` timings."""
+    generated = sum(len(o) for o in outputs)
+    return {
+        "outputs": outputs,
+        "generated_tokens": generated,
+        "wall_s": wall_s,
+        "tokens_per_s": generated / wall_s if wall_s > 0 else None,
+        "counters": counter_delta(after, before),
+        **extra,
+    }
+
+
 def counter_delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
     """The counters accumulated between two readings (they are cumulative per engine)."""
     if not after:

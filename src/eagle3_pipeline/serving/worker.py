@@ -21,7 +21,7 @@ import sys
 import time
 from typing import Any
 
-from eagle3_pipeline.serving.counters import COUNTERS, PER_POS, counter_delta
+from eagle3_pipeline.serving.counters import COUNTERS, PER_POS, generation_run
 
 
 def counters(metrics: list[Any]) -> dict[str, Any]:
@@ -73,18 +73,16 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         outputs.append([int(t) for t in res[0].outputs[0].token_ids])
     wall = time.perf_counter() - g0
     after = counters(llm.get_metrics())
-    generated = sum(len(o) for o in outputs)
-    return {
-        "outputs": outputs,
-        "generated_tokens": generated,
-        "wall_s": wall,
-        "tokens_per_s": generated / wall if wall > 0 else None,
-        "latencies_s": latencies,
-        "import_s": import_s,
-        "load_s": load_s,
-        "counters": counter_delta(after, before),
-        "env": {k: v for k, v in os.environ.items() if k.startswith("VLLM_")},
-    }
+    return generation_run(
+        outputs,
+        wall,
+        after,
+        before,
+        latencies_s=latencies,
+        import_s=import_s,
+        load_s=load_s,
+        env={k: v for k, v in os.environ.items() if k.startswith("VLLM_")},
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -39,7 +39,9 @@ def run_stage(
     keeper: Keeper | None = None
     try:
         with interrupts_raise():
-            cfg, _args = config_from_cli(f"eagle3_pipeline.stages.{name}", description, argv)
+            cfg, _args = config_from_cli(
+                f"eagle3_pipeline.stages.{name}", description, argv, stage=name
+            )
             setup_logging()
             keeper = Keeper(name, volatile_outputs(name, cfg)) if restore_on_failure else None
             try:
