@@ -280,7 +280,7 @@ def test_tiny_llama_runs_the_whole_graph(repo_copy: Path):
         assert f"Running stage '{stage}'" in out.stdout, stage
     target = json.loads((repo_copy / "data/target/target.json").read_text())
     assert target["architecture"] == "LlamaForCausalLM" and not target["nested"]
-    assert lock["target"]["params"]["params.yaml"]["model"]["name"] == "tiny_llama"
+    assert lock["target"]["params"]["params.yaml"]["model.name"] == "tiny_llama"
     validate = json.loads((repo_copy / "metrics/details/validate.json").read_text())
     # the tiny Llama's reduced draft learns less (measured 1.44; an untrained one scores 1.0)
     steps, per_pos = validate["verification_steps"], validate["accepted_per_pos"]
