@@ -127,7 +127,7 @@ def test_regeneration_through_vllm_serve_equals_transformers(tiny_target, tmp_pa
         (wd / "data/target").symlink_to(tiny_target / "data/target")
         cfg = _in(wd, _load, [*common, *extra])
         m = _in(wd, prepare, cfg, False)
-        assert m["backend"] == name
+        assert m.backend == name
         rows[name] = load_rows(wd / "data/prepared", 1 << 30)
     a, b = rows["hf"], rows["server"]
     assert len(a) == len(b) > 0
