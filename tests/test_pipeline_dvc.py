@@ -364,3 +364,36 @@ def test_a_damaged_hidden_state_file_is_refused_restored_and_repaired(repo_copy:
     assert "Running stage 'train'" not in out
     assert loads() and _status(repo_copy) == {}
     _dvc(repo_copy, "config", "--local", "--unset", "cache.type")
+
+
+def test_a_second_clone_pulls_the_artifacts_and_reruns_nothing(
+    repo_copy: Path, tmp_path: Path
+) -> None:
+    """Clone A (the run above) commits what git versions (dvc.lock, params, the figures
+    under metrics/ and dvclive/) and `dvc push`es to a local-directory remote; clone B
+    `git clone`s and `dvc pull`s. In B, `dvc repro` runs preflight only (it always runs:
+    GPUs are checked every time), and a train-only change reruns train and validate."""
+    remote = tmp_path / "remote"
+    _dvc(repo_copy, "repro")  # whatever the experiments above left in the workspace
+    _dvc(repo_copy, "remote", "add", "-d", "store", str(remote))
+    _run(repo_copy, "git", "add", "-A")
+    _run(repo_copy, "git", "commit", "-qm", "a finished run, its remote")
+    pushed = _dvc(repo_copy, "push")
+    assert remote.is_dir() and any(remote.rglob("*")), pushed.stdout[-2000:]
+
+    clone = tmp_path / "clone_b"
+    _run(tmp_path, "git", "clone", "-q", str(repo_copy), str(clone))
+    _dvc(clone, "pull")
+    assert (clone / "data/draft/model.safetensors").is_file()
+    assert (clone / "metrics/details/train.json").is_file()  # git carries the details
+    assert not (clone / "data/train_state").exists()  # the trainer's machine keeps that
+    before = _lock(clone)
+    again = _dvc(clone, "repro")
+    ran = {s for s in STAGES if f"Running stage '{s}'" in again.stdout}
+    assert ran == {"preflight"}, again.stdout[-3000:]
+    assert _changed(before, _lock(clone)) <= {"preflight"}
+
+    epochs = yaml.safe_load((clone / "params.yaml").read_text())["train"]["epochs"]
+    exp = _dvc(clone, "exp", "run", "-S", f"train.epochs={epochs + 1}", *NO_VLLM)
+    ran = {s for s in STAGES if f"Running stage '{s}'" in exp.stdout}
+    assert ran == {"preflight", "train", "validate"}, exp.stdout[-3000:]
