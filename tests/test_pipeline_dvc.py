@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -397,3 +398,141 @@ def test_a_second_clone_pulls_the_artifacts_and_reruns_nothing(
     exp = _dvc(clone, "exp", "run", "-S", f"train.epochs={epochs + 1}", *NO_VLLM)
     ran = {s for s in STAGES if f"Running stage '{s}'" in exp.stdout}
     assert ran == {"preflight", "train", "validate"}, exp.stdout[-3000:]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _node_cmd(cmd: str, port: int) -> str:
+    """A plan line as a node on this machine runs it: only the host and port change."""
+    return cmd.replace("$NODE0", "127.0.0.1").replace("29500", str(port))
+
+
+def _start(cwd: Path, cmd: str, **env: str) -> subprocess.Popen:
+    full = {**_env(), "OMP_NUM_THREADS": "1", **env}  # one core per node, as two machines
+    return subprocess.Popen(
+        ["bash", "-c", cmd],
+        cwd=cwd,
+        env=full,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _finish(procs: list[subprocess.Popen], timeout: int = 900) -> list[tuple[int, str]]:
+    return [(p.wait(timeout=timeout), p.communicate()[1]) for p in procs]
+
+
+def test_two_nodes_on_localhost_run_the_plans_commands(repo_copy: Path, tmp_path: Path) -> None:
+    """The plan's [2 nodes] commands, as printed (host and port substituted), on one
+    machine: each node extracts its share, then two train stages start one torchrun agent
+    each (--nnodes 2, gloo); node 0 commits and pushes. The draft equals a one-node
+    two-worker run's; kill -9 of node 1's agent stops both nodes with one line and the
+    rerun resumes; a node that never comes is named by the other within the timeout."""
+    import psutil
+
+    _dvc(repo_copy, "repro")  # the graph, as the tests above left it
+    conf = repo_copy / "conf/config.yaml"
+    saved_conf = conf.read_text()
+    data = yaml.safe_load(saved_conf)
+    _merge(
+        data,
+        {
+            "hardware": {"nodes": 2},
+            "train": {"nproc": 1, "parallel": "ddp", "checkpoint_every_steps": 2},
+        },
+    )
+    conf.write_text(yaml.safe_dump(data, sort_keys=False))
+    _run(repo_copy, sys.executable, "-m", "eagle3_pipeline.core.compose")
+    _dvc(repo_copy, "remote", "add", "-f", "-d", "nodes", str(tmp_path / "remote"))
+    _run(
+        repo_copy,
+        sys.executable,
+        "-m",
+        "eagle3_pipeline.plan.plan",
+        "--params",
+        "params.yaml",
+        "--out",
+        str(tmp_path / "plan"),
+    )
+    two = json.loads((tmp_path / "plan/plan.json").read_text())["modes"]["two_nodes"]
+    (extract, train) = two["offline"].values()
+    lock = _lock(repo_copy)
+    port = _free_port()
+
+    # extraction: each node its share, into the shared data/
+    shutil.rmtree(repo_copy / "data/hidden_states")
+    for rc, err in _finish([_start(repo_copy, _node_cmd(c, port)) for c in extract[:2]]):
+        assert rc == 0, err[-3000:]
+    _run(repo_copy, "bash", "-c", _node_cmd(extract[2], port))  # dvc commit -f extract && push
+    assert _lock(repo_copy)["extract"]["outs"] == lock["extract"]["outs"]  # same bytes
+
+    # training over two nodes
+    for rc, err in _finish([_start(repo_copy, _node_cmd(c, port)) for c in train[:2]]):
+        assert rc == 0, err[-3000:]
+    _run(repo_copy, "bash", "-c", _node_cmd(train[2], port))  # dvc commit -f train && push
+    details = json.loads((repo_copy / "metrics/details/train.json").read_text())
+    assert details["launcher"]["nodes"] == 2 and details["world_size"] == 2
+    two_node = (repo_copy / "data/draft/model.safetensors").read_bytes()
+
+    # the same training on one node, two workers
+    shutil.rmtree(repo_copy / "data/train_state")
+    _run(
+        repo_copy,
+        sys.executable,
+        "-m",
+        "eagle3_pipeline.stages.train",
+        "hardware.nodes=1",
+        "train.nproc=2",
+    )
+    assert (repo_copy / "data/draft/model.safetensors").read_bytes() == two_node
+
+    # kill -9 of node 1's torchrun agent mid-run: both nodes stop; the rerun resumes
+    shutil.rmtree(repo_copy / "data/train_state")
+    state = repo_copy / "data/train_state/state.json"
+    nodes = [_start(repo_copy, _node_cmd(c, port)) for c in train[:2]]
+    deadline = time.monotonic() + 600
+    while not (state.exists() and json.loads(state.read_text())["global_step"] >= 2):
+        assert time.monotonic() < deadline and all(p.poll() is None for p in nodes)
+        time.sleep(0.5)
+    family = [c for p in nodes for c in psutil.Process(p.pid).children(recursive=True)]
+    agent = next(
+        c
+        for c in psutil.Process(nodes[1].pid).children(recursive=True)
+        if "torch.distributed.run" in " ".join(c.cmdline())
+    )
+    agent.kill()
+    (rc0, err0), (rc1, err1) = _finish(nodes, timeout=300)
+    assert rc0 != 0 and rc1 != 0
+    last0 = err0.strip().splitlines()[-1]
+    assert last0.startswith("error: train: node 0 of 2: ") and "another node" in last0, err0[-3000:]
+    assert "error: train: " in err1.strip().splitlines()[-1], err1[-3000:]
+    time.sleep(1)
+    assert [c for c in family if c.is_running() and c.status() != psutil.STATUS_ZOMBIE] == []
+    step = json.loads(state.read_text())["global_step"]
+    for rc, err in _finish([_start(repo_copy, _node_cmd(c, port)) for c in train[:2]]):
+        assert rc == 0, err[-3000:]
+    resumed = json.loads((repo_copy / "metrics/details/train.json").read_text())
+    assert resumed["resumed"] and resumed["steps_this_run"] == resumed["steps"] - step
+
+    # a node that never joins: the other names it, within the rendezvous timeout
+    for alone, missing in ((0, "node rank 1 never joined"), (1, "node rank 0 never answered")):
+        t0 = time.monotonic()
+        ((rc, err),) = _finish(
+            [_start(repo_copy, _node_cmd(train[alone], _free_port()), EAGLE3_JOIN_TIMEOUT_S="10")],
+            timeout=120,
+        )
+        last = err.strip().splitlines()[-1]
+        assert rc == 1 and missing in last and last.startswith("error: train: "), err[-3000:]
+        assert time.monotonic() - t0 < 90
+
+    conf.write_text(saved_conf)
+    _run(repo_copy, sys.executable, "-m", "eagle3_pipeline.core.compose")
+    _dvc(repo_copy, "remote", "remove", "nodes")

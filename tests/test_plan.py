@@ -256,12 +256,18 @@ def test_plan_commands_for_the_kimi_profile(tmp_path):
     assert c["upload"][1].startswith("huggingface-cli upload ")
 
 
-def test_multi_node_prints_one_torchrun_per_node(tmp_path):
+def test_multi_node_prints_one_train_stage_per_node(tmp_path):
     cfg = cfg_for(tmp_path, *KIMI, "hardware.nodes=2")
-    train = plan.build_plan(cfg, free_fn=lambda _: PLENTY).data["commands"]["train"]
+    p = plan.build_plan(cfg, free_fn=lambda _: PLENTY)
+    train = p.data["commands"]["train"]
     assert len(train) == 2
-    assert all("--nnodes 2" in t and "--nproc_per_node 8" in t for t in train)
-    assert "--node_rank 0" in train[0] and "--node_rank 1" in train[1]
+    assert (
+        train
+        == p.data["modes"]["two_nodes"]["offline"][
+            "train: each node's stage starts one torchrun agent (--nnodes 2)"
+        ][:2]
+    )
+    assert train[0].startswith("EAGLE3_NODE_RANK=0 ") and train[1].endswith("# node 1")
 
 
 def test_plan_and_preflight_share_the_disk_estimate(tmp_path):
@@ -366,25 +372,29 @@ def test_both_hidden_state_modes_for_kimi_on_8_rtx_pro_6000(tmp_path):
     assert "-S extract.mode=online -S hardware.serving.gpu_memory_utilization=0.79" in on["command"]
     assert "--gpu-memory-utilization 0.79" in on["stage_runs"][0]
     text = plan.render_plan(p)
-    assert "online disk" in text and "[two nodes]" in text
+    assert "online disk" in text and "[2 nodes]" in text
 
 
-def test_two_nodes_print_per_node_commands_for_both_modes(tmp_path):
+def test_two_nodes_print_per_node_commands(tmp_path):
+    """A GPU profile prints the two-node layout it grows into: each node extracts its share
+    through vLLM, then every node runs the same train stage, told its rank by the
+    environment. Online hidden states are not offered over nodes, and the plan says so."""
     cfg = cfg_for(tmp_path, *KIMI)
     two = plan.build_plan(cfg, list(KIMI), free_fn=lambda _: PLENTY).data["modes"]["two_nodes"]
     extract, train = two["offline"].values()
     assert [c.endswith(f"# node {r}") for r, c in enumerate(extract[:2])] == [True, True]
-    assert "extract.rank=1 extract.world_size=2" in extract[1]
-    assert "--nnodes 2 --node_rank 1" in train[1] and "dvc push" in train[2]
-    (online,) = two["online"].values()
-    head, worker = online[1], online[2]
-    assert "--data-parallel-size 2" in head and "--headless" in worker
-    assert "--data-parallel-start-rank 1" in worker
-    assert all("EAGLE3_ONLINE_URL=http://$NODE0:8000/v1" in c for c in online[3:5])
-    # GPUs too small to hold vLLM and a trainer together: vLLM on node 0, trainers on 1
-    small = cfg_for(tmp_path, *KIMI, "hardware.gpu_memory_mib=81920")
-    m = plan.build_plan(small, free_fn=lambda _: PLENTY).data["modes"]
-    assert not m["online"]["one_node"]["fits"]
-    (split,) = m["two_nodes"]["online"].values()
-    assert split[1].endswith("# node 0") and "--data-parallel" not in split[1]
-    assert "torchrun --standalone" in split[2] and split[2].endswith("# node 1")
+    assert "extract.backend=vllm extract.rank=1 extract.world_size=2" in extract[1]
+    assert train[1] == (
+        "EAGLE3_NODE_RANK=1 EAGLE3_MASTER_ADDR=$NODE0 EAGLE3_MASTER_PORT=29500 "
+        "python -m eagle3_pipeline.stages.train --params params.yaml   # node 1"
+    )
+    assert "dvc push" in train[2]
+    assert two["online"].startswith("not offered over nodes")
+    # a CPU profile prints it only when asked for nodes, with its own backend
+    cpu = plan.build_plan(cfg_for(tmp_path, "hardware=cpu"), free_fn=lambda _: PLENTY)
+    assert "two_nodes" not in cpu.data["modes"]
+    three = cfg_for(tmp_path, "hardware=cpu", "hardware.nodes=3")
+    m = plan.build_plan(three, free_fn=lambda _: PLENTY).data["modes"]["two_nodes"]
+    extract, train = m["offline"].values()
+    assert "extract.backend" not in extract[0] and "extract.world_size=3" in extract[2]
+    assert [c.split()[0] for c in train[:3]] == [f"EAGLE3_NODE_RANK={r}" for r in range(3)]

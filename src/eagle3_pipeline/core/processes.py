@@ -27,6 +27,7 @@ from eagle3_pipeline.core.signals import Interrupted
 
 log = logging.getLogger(__name__)
 
+TAIL_BYTES = 65536  # of a child's stderr kept for explaining its failure
 KILL_WAIT_S = 30.0  # after SIGKILL; only a process stuck in the kernel (a wedged driver) waits
 
 
@@ -95,21 +96,29 @@ class _Relay:
     included), until :meth:`mute`: a child stopped because the user interrupted the stage
     answers with its own shutdown traceback (torchrun's ``SignalException``), which would
     bury the stage's one-line message. Muted output is still drained, so the child never
-    blocks on a full pipe."""
+    blocks on a full pipe. ``tail``, when given, keeps the last :data:`TAIL_BYTES` of the
+    child's stderr (muted or not), for a caller that explains a failure from it."""
 
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], tail: bytearray | None = None) -> None:
         self.muted = False
+        self.tail = tail
         self.threads = [
-            threading.Thread(target=self._pump, args=(src, dst), daemon=True)
-            for src, dst in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr))
+            threading.Thread(target=self._pump, args=(src, dst, keep), daemon=True)
+            for src, dst, keep in (
+                (proc.stdout, sys.stdout, False),
+                (proc.stderr, sys.stderr, True),
+            )
             if src
         ]
         for t in self.threads:
             t.start()
 
-    def _pump(self, src: IO[bytes], dst: TextIO) -> None:
+    def _pump(self, src: IO[bytes], dst: TextIO, keep: bool) -> None:
         fd = src.fileno()
         while chunk := os.read(fd, 65536):
+            if keep and self.tail is not None:
+                self.tail += chunk
+                del self.tail[:-TAIL_BYTES]
             if self.muted:
                 continue
             with contextlib.suppress(OSError, ValueError):  # our stream closed: drop
@@ -129,18 +138,22 @@ class _Relay:
 
 @contextlib.contextmanager
 def process_group(
-    cmd: Sequence[str], stop_timeout_s: float, what: str, **popen_kwargs: Any
+    cmd: Sequence[str],
+    stop_timeout_s: float,
+    what: str,
+    stderr_tail: bytearray | None = None,
+    **popen_kwargs: Any,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """:func:`start_group` for the ``with`` block, :func:`stop_group` when it is left,
     normally or by an error or Ctrl-C. Unless ``popen_kwargs`` redirect them, the child's
     stdout and stderr are relayed to ours, and silenced once the stage is interrupted
-    (:class:`_Relay`)."""
+    (:class:`_Relay`); ``stderr_tail`` then receives the end of its stderr."""
     relay = None
     if "stdout" not in popen_kwargs and "stderr" not in popen_kwargs:
         popen_kwargs.update(stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     proc = start_group(cmd, **popen_kwargs)
     if popen_kwargs.get("stdout") is subprocess.PIPE:
-        relay = _Relay(proc)
+        relay = _Relay(proc, stderr_tail)
     try:
         yield proc
     except Interrupted:
@@ -151,3 +164,25 @@ def process_group(
         stop_group(proc, stop_timeout_s, what)
         if relay is not None:
             relay.join()
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Have the kernel send ``sig`` to this process when its parent dies (Linux; a no-op
+    elsewhere). torchrun starts each worker in a session of its own, out of reach of the
+    signal to the agent's group, so a worker whose agent was killed with SIGKILL would
+    train on alone; with this it stops, and its peers' collectives fail at once instead
+    of waiting on it."""
+    import ctypes
+    import ctypes.util
+
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    if os.getppid() != parent or parent == 1:  # died before the request took hold
+        os.kill(os.getpid(), sig)

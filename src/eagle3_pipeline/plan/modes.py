@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 import shlex
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.core.config import Config
@@ -23,6 +22,7 @@ from eagle3_pipeline.plan.resources import DraftEstimate, StorageEstimate
 from eagle3_pipeline.plan.target_info import TargetInfo
 from eagle3_pipeline.plan.weights import ServingEstimate
 from eagle3_pipeline.serving.engine import build_engine
+from eagle3_pipeline.train.nodes import node_env
 
 GIB = 1024**3
 # vLLM beside its weights during extraction (prompts only, max_tokens=1): KV cache for the
@@ -32,7 +32,16 @@ CUDA_CONTEXT = 1 * GIB  # per trainer process
 MAX_SHARED_UTILIZATION = 0.95  # of a GPU's memory, vLLM and the trainers together
 PREFETCH = 2  # train.prefetch_batches' default online
 STAGING = "/shared/eagle3-staging"  # a directory both nodes mount (the connector's files)
-PORT_DP_RPC = 13345
+# Online hidden states stay on one node: the train stage serves the target itself, and
+# vLLM's data parallelism across nodes is not wired into it (vLLM's CPU build serves a
+# dense target data parallel with --headless, but not an MoE target: its expert dispatch
+# has no CPU all_gatherv).
+ONLINE_NODES_NOTE = (
+    "not offered over nodes: the train stage serves the target on its own node; over "
+    "several nodes extract offline (above), each node its share of the rows"
+)
+NODE0 = "$NODE0"  # node 0's address, as every multi-node command names it
+TRAIN_STAGE = "eagle3_pipeline.stages.train"
 
 
 def _q(v: Any) -> str:
@@ -76,6 +85,8 @@ def hidden_state_modes(
     out: dict[str, Any] = {"offline": offline, "online": online}
     if serving is None:
         online["gpus"] = "vLLM (CPU build) and the trainer share this machine's cores"
+        if hw.nodes > 1:
+            out["two_nodes"] = two_nodes(cfg, vllm=cfg.extract.backend == "vllm")
         return out
     gpu = (hw.gpu_memory_mib or 0) * 1024**2
     vllm_need = serving.weights_per_gpu_bytes + EXTRACT_KV_RESERVE
@@ -108,9 +119,9 @@ def hidden_state_modes(
     else:
         online["gpus"] = (
             "does not fit on one node: vLLM's weights and the trainers exceed "
-            "a GPU; run vLLM and the trainers on separate nodes (below)"
+            "a GPU; extract offline instead (vLLM, then the trainers)"
         )
-    out["two_nodes"] = two_nodes(cfg, target, ref, nproc, util if shared else None)
+    out["two_nodes"] = two_nodes(cfg, vllm=True)
     return out
 
 
@@ -120,70 +131,41 @@ def replace_util(cfg: Config, util: float) -> Config:
     return replace(cfg, hardware=replace(cfg.hardware, serving=serving))
 
 
-def two_nodes(
-    cfg: Config, target: TargetInfo, ref: str, nproc: int, shared_util: float | None
-) -> dict[str, Any]:
-    """Per-node commands for two nodes of this profile (node 0 reachable as $NODE0, one
-    random $KEY for the run). ``shared_util``: vLLM's memory share when vLLM and the
-    trainers fit on the same GPUs, else None (then vLLM gets node 0, the trainers node 1)."""
-    port = cfg.extract.server.port
-    out = Path(cfg.paths.train_state) / "rank0_metrics.json"  # as the plan's [commands]
-    worker = f"-m eagle3_pipeline.train.worker --params params.yaml --out {out}"
-    torchrun = [
-        f"torchrun --nnodes 2 --node_rank {r} --nproc_per_node {nproc} "
-        f"--master_addr $NODE0 --master_port 29500 {worker}"
-        for r in range(2)
+def train_on_nodes(nodes: int, env: str = "") -> list[str]:
+    """Each node's train command over ``nodes`` nodes (node 0 reachable as $NODE0): the same
+    stage on the same params.yaml, told its rank by the environment; each starts one
+    torchrun agent (``--nnodes``), node 0's records the run. ``env``: more variables
+    before each."""
+    pre = f"{env} " if env else ""
+    return [
+        f"{pre}{node_env(r, NODE0)} python -m {TRAIN_STAGE} --params params.yaml   # node {r}"
+        for r in range(nodes)
     ]
-    model = _q(target.spec.name)
-    env = (
-        f"EAGLE3_ONLINE_URL=http://$NODE0:{port}/v1 EAGLE3_ONLINE_API_KEY=$KEY "
-        f"EAGLE3_ONLINE_MODEL={model}"
-    )
-    plan: dict[str, Any] = {
-        "requires": f"data/ and {STAGING} on a filesystem both nodes mount (extraction's "
-        "files; online, vLLM's connector writes each request's states there and "
-        "the trainer that asked deletes them), and a DVC remote both reach "
+
+
+def two_nodes(cfg: Config, vllm: bool) -> dict[str, Any]:
+    """Per-node commands for ``hardware.nodes`` nodes (two when the profile states one:
+    the layout a GPU profile grows into), node 0 reachable as $NODE0. ``vllm``: extraction
+    serves the target in vLLM (GPU profiles), else the configured backend."""
+    nodes = max(2, cfg.hardware.nodes)
+    backend = " extract.backend=vllm" if vllm else ""
+    return {
+        "nodes": nodes,
+        "requires": "data/ on a filesystem every node mounts (each node writes its share of "
+        "the hidden states there; the trainers read them all and resume from "
+        "data/train_state), and a DVC remote they reach "
         "(dvc remote add -d store s3://BUCKET/eagle3; dvc push / dvc pull)",
         "offline": {
-            "extract: each node serves the target and extracts its half of the rows": [
-                f"python -m eagle3_pipeline.stages.extract extract.backend=vllm "
-                f"extract.rank={r} extract.world_size=2   # node {r}"
-                for r in range(2)
+            f"extract: each node extracts its share of the rows ({nodes} shares)": [
+                f"python -m eagle3_pipeline.stages.extract{backend} "
+                f"extract.rank={r} extract.world_size={nodes}   # node {r}"
+                for r in range(nodes)
             ]
-            + ["dvc commit extract && dvc push   # node 0, once both finished"],
-            "train: torchrun over both nodes": [f"{c}   # node {r}" for r, c in enumerate(torchrun)]
-            + ["dvc commit train && dvc push   # node 0: the draft to the remote"],
+            + ["dvc commit -f extract && dvc push   # node 0, once every node finished"],
+            f"train: each node's stage starts one torchrun agent (--nnodes {nodes})": (
+                train_on_nodes(nodes)
+                + ["dvc commit -f train && dvc push   # node 0: the draft to the remote"]
+            ),
         },
+        "online": ONLINE_NODES_NOTE,
     }
-    python_ex = "python -m eagle3_pipeline.stages.extract extract.mode=online   # node 0"
-    if shared_util is not None:
-        eng = build_engine(
-            replace_util(cfg, shared_util), target.spec, ref, "extract", staging=STAGING
-        )
-        serve = " ".join(_q(a) for a in eng.serve_argv(port, host="0.0.0.0"))
-        dp = (
-            f"--data-parallel-size 2 --data-parallel-size-local 1 --data-parallel-address "
-            f"$NODE0 --data-parallel-rpc-port {PORT_DP_RPC}"
-        )
-        plan["online"] = {
-            "every node: one vLLM engine (data parallel, one API on node 0) beside its trainers": [
-                python_ex,
-                f"VLLM_API_KEY=$KEY {serve} {dp}   # node 0",
-                f"VLLM_API_KEY=$KEY {serve} {dp} --data-parallel-start-rank 1 --headless"
-                "   # node 1",
-                *(f"{env} {c}   # node {r}" for r, c in enumerate(torchrun)),
-                "dvc commit train && dvc push   # node 0",
-            ],
-        }
-    else:
-        eng = build_engine(cfg, target.spec, ref, "extract", staging=STAGING)
-        serve = " ".join(_q(a) for a in eng.serve_argv(port, host="0.0.0.0"))
-        plan["online"] = {
-            "node 0 serves the target, node 1 trains": [
-                python_ex,
-                f"VLLM_API_KEY=$KEY {serve}   # node 0",
-                f"{env} torchrun --standalone --nproc_per_node {nproc} {worker}   # node 1",
-                "dvc commit train && dvc push   # node 1",
-            ],
-        }
-    return plan

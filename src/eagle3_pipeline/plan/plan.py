@@ -23,7 +23,12 @@ from typing import Any
 
 from eagle3_pipeline.core.config import Config, ConfigError, load_config, stage_argparser
 from eagle3_pipeline.core.io import atomic_write_json
-from eagle3_pipeline.plan.modes import EXTRACT_KV_RESERVE, hidden_state_modes
+from eagle3_pipeline.plan.modes import (
+    EXTRACT_KV_RESERVE,
+    TRAIN_STAGE,
+    hidden_state_modes,
+    train_on_nodes,
+)
 from eagle3_pipeline.plan.resources import (
     FreeBytesFn,
     disk_need,
@@ -38,10 +43,8 @@ from eagle3_pipeline.plan.units import fmt_duration, fmt_gb, fmt_gib
 from eagle3_pipeline.plan.weights import estimate_serving, estimate_target_weights
 from eagle3_pipeline.serving.engine import build_engine
 
-# The train stage and the torchrun workers it launches (eagle3_pipeline.train.worker).
-TRAIN_STAGE = "eagle3_pipeline.stages.train"
+# The torchrun workers the train stage launches.
 TRAIN_WORKER = "eagle3_pipeline.train.worker"
-MASTER_PORT = 29500
 
 
 @dataclass
@@ -94,30 +97,15 @@ def commands(cfg: Config, target: TargetInfo, overrides: list[str]) -> dict[str,
         out["extract"] = "python -m eagle3_pipeline.stages.extract --params params.yaml"
     hw = cfg.hardware
     nproc = cfg.train.nproc or hw.gpu_count  # what the train stage launches per node
-    if cuda and (nproc > 1 or hw.nodes > 1):
+    if hw.nodes > 1:
+        out["train"] = train_on_nodes(hw.nodes)
+    elif cuda and nproc > 1:
         worker_out = str(paths.state / "rank0_metrics.json")
         train_args = ["-m", TRAIN_WORKER, "--params", "params.yaml", "--out", worker_out]
-        if hw.nodes > 1:
-            out["train"] = [
-                _line(
-                    [
-                        "torchrun",
-                        f"--nnodes {hw.nodes}",
-                        f"--node_rank {rank}",
-                        f"--nproc_per_node {nproc}",
-                        "--master_addr $MASTER_ADDR",
-                        f"--master_port {MASTER_PORT}",
-                        *train_args,
-                    ]
-                )
-                + f"   # node {rank}"
-                for rank in range(hw.nodes)
-            ]
-        else:
-            out["train"] = [
-                f"python -m {TRAIN_STAGE} --params params.yaml   # launches:",
-                _line(["torchrun", "--standalone", f"--nproc_per_node {nproc}", *train_args]),
-            ]
+        out["train"] = [
+            f"python -m {TRAIN_STAGE} --params params.yaml   # launches:",
+            _line(["torchrun", "--standalone", f"--nproc_per_node {nproc}", *train_args]),
+        ]
     else:
         out["train"] = [f"python -m {TRAIN_STAGE} --params params.yaml"]
     out["serve_draft"] = build_engine(
@@ -362,12 +350,12 @@ def render_plan(plan: Plan) -> str:
         lines.append(f"#   the train stage then runs\n{cmd}")
     if "two_nodes" in md:
         two = md["two_nodes"]
-        lines.append("[two nodes]")
+        lines.append(f"[{two['nodes']} nodes]")
         lines.append(f"# requires: {two['requires']}")
-        for mode in ("offline", "online"):
-            for step, cmds in two[mode].items():
-                lines.append(f"# {mode}: {step}")
-                lines += cmds
+        for step, cmds in two["offline"].items():
+            lines.append(f"# offline: {step}")
+            lines += cmds
+        lines.append(f"# online: {two['online']}")
     lines.append("[commands]")
     for key, value in d["commands"].items():
         for cmd in value if isinstance(value, list) else [value]:

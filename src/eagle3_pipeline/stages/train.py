@@ -1,19 +1,22 @@
 """Stage `train`: train the EAGLE-3 draft on the extracted hidden states.
 
 Writes data/draft/ (speculators format, what validate loads), data/train_state/ (resumable
-state; DVC `persist`), dvclive/train/ (curves as they train, curves.png, the summary
+state, the stage's own: not a DVC output), dvclive/train/ (curves as they train, curves.png, the summary
 DVC shows) and metrics/details/train.json (every figure). On CPU it trains in this process; on CUDA it launches torchrun with one
 worker per GPU of the hardware profile and, once they have exited, records NVML's view of
 the GPUs (memory back to preflight's reading, no process left holding a GPU). With
 ``train.nproc=N`` (N > 1) on CPU it starts the same torchrun launch, N gloo workers.
 When the extract stage recorded ``extract.mode=online``, this stage first starts the target
 in vLLM (its extraction engine) and every worker reads each batch's hidden states from it;
-the server stops with the stage.
+the server stops with the stage. With ``hardware.nodes=N`` every node runs this stage
+(``EAGLE3_NODE_RANK``, ``EAGLE3_MASTER_ADDR``: see :mod:`eagle3_pipeline.train.nodes`),
+each starting one torchrun agent; node 0's records the run.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from eagle3_pipeline.core.config import Config
@@ -22,6 +25,7 @@ from eagle3_pipeline.core.metrics import details_path, read_details, write_stage
 from eagle3_pipeline.core.records import RecordError
 from eagle3_pipeline.preflight.record import PreflightRecord
 from eagle3_pipeline.stages.runner import run_stage
+from eagle3_pipeline.train.nodes import NODE_RANK_ENV, this_node
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +36,10 @@ def run(cfg: Config) -> None:
     from eagle3_pipeline.train.plan import TrainPaths
     from eagle3_pipeline.train.record import TrainRecord
 
+    if not this_node(cfg.hardware.nodes).main:
+        run_training(cfg)  # node 0's stage records the run
+        log.info("this node's workers finished; node 0 records the run")
+        return
     before = preflight_snapshot(cfg)
     remove_path(details_path(cfg, "train"))
     record = TrainRecord(**run_training(cfg, before))
@@ -60,7 +68,9 @@ def preflight_snapshot(cfg: Config) -> dict[str, Any] | None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    run_stage("train", __doc__ or "", run, argv)
+    # a node other than 0 writes no output: it has none of its own to restore
+    main_node = os.environ.get(NODE_RANK_ENV, "0").strip() in ("", "0")
+    run_stage("train", __doc__ or "", run, argv, restore_on_failure=main_node)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from typing import Any
 from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.core.errors import StageError
 from eagle3_pipeline.core.processes import group_members, process_group
+from eagle3_pipeline.train.nodes import Node, failure, this_node
 from eagle3_pipeline.train.online import online_server
 from eagle3_pipeline.train.plan import plan_training
 from eagle3_pipeline.train.run import train
@@ -39,7 +40,10 @@ def run_training(cfg: Config, preflight_snapshot: dict[str, Any] | None = None) 
         if plan.online is not None:  # the workers inherit its endpoint
             stack.enter_context(online_server(plan.online))
         if plan.runtime.launched:
-            metrics = launch_torchrun(cfg, plan.runtime.world_size, plan.runtime.device)
+            node = this_node(plan.runtime.nodes)
+            metrics = launch_torchrun(cfg, plan.runtime.world_size, plan.runtime.device, node)
+            if not node.main:
+                return {}  # node 0 records the run
         else:
             metrics = train(cfg)
     metrics["hidden_states"] = "online" if plan.online is not None else "offline"
@@ -65,8 +69,11 @@ def _worker_env(device: str, nproc: int) -> dict[str, str]:
     return env
 
 
-def launch_torchrun(cfg: Config, nproc: int, device: str = "cuda") -> dict[str, Any]:
-    """Run the workers under torchrun and return rank 0's metrics (+ ``launcher``).
+def launch_torchrun(
+    cfg: Config, nproc: int, device: str = "cuda", node: Node | None = None
+) -> dict[str, Any]:
+    """Run this node's workers under torchrun and return rank 0's metrics (+ ``launcher``;
+    ``{}`` on a node other than 0, whose workers hold no rank 0).
 
     The workers get the exact resolved config as a params file. torchrun runs in its own
     process group (:mod:`eagle3_pipeline.core.processes`) so that, on error or Ctrl-C, the
@@ -76,6 +83,7 @@ def launch_torchrun(cfg: Config, nproc: int, device: str = "cuda") -> dict[str, 
     """
     from omegaconf import OmegaConf
 
+    node = node or Node(1)
     with tempfile.TemporaryDirectory(prefix="eagle3-train-") as tmp:
         params = Path(tmp) / "params.yaml"
         params.write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)), encoding="utf-8")
@@ -84,7 +92,7 @@ def launch_torchrun(cfg: Config, nproc: int, device: str = "cuda") -> dict[str, 
             sys.executable,
             "-m",
             "torch.distributed.run",
-            "--standalone",
+            *node.torchrun_args(),
             f"--nproc_per_node={nproc}",
             "-m",
             WORKER_MODULE,
@@ -94,7 +102,9 @@ def launch_torchrun(cfg: Config, nproc: int, device: str = "cuda") -> dict[str, 
             str(out),
         ]
         log.info("launching: %s", " ".join(cmd))
-        with process_group(cmd, STOP_TIMEOUT_S, "torchrun", env=_worker_env(device, nproc)) as proc:
+        tail = bytearray()
+        env = _worker_env(device, nproc)
+        with process_group(cmd, STOP_TIMEOUT_S, "torchrun", tail, env=env) as proc:
             try:
                 rc = proc.wait()
             finally:
@@ -105,11 +115,15 @@ def launch_torchrun(cfg: Config, nproc: int, device: str = "cuda") -> dict[str, 
                 "killed %d process(es) left in torchrun's group: %s", len(survivors), survivors
             )
         if rc != 0:
-            raise StageError(f"training workers failed (torchrun exit code {rc}); see above")
+            raise StageError(failure(node, rc, tail.decode("utf-8", errors="replace")))
+        if not node.main:
+            return {}
         metrics = json.loads(out.read_text(encoding="utf-8"))
+        rdzv = " ".join(node.torchrun_args())
         metrics["launcher"] = {
-            "command": f"torchrun --standalone --nproc_per_node={nproc} -m {WORKER_MODULE}",
+            "command": f"torchrun {rdzv} --nproc_per_node={nproc} -m {WORKER_MODULE}",
             "nproc": nproc,
+            "nodes": node.nodes,
             "process_group": proc.pid,
             "survivors": len(survivors),
         }

@@ -65,8 +65,7 @@ def plan_training(cfg: Config, paths: TrainPaths | None = None) -> TrainPlan:
     spec = load_target_spec(paths.target_json)
     shape = check_train_config(cfg.train, spec)
     runtime = resolve_runtime(cfg)
-    nodes = max(1, cfg.hardware.nodes) if runtime.device == "cuda" else 1
-    mode, reason = choose_parallel(cfg, shape, spec, runtime.world_size * nodes)
+    mode, reason = choose_parallel(cfg, shape, spec, runtime.world_size * runtime.nodes)
     runtime = replace(runtime, parallel=mode)
     tdir = target_model_dir(spec)
     n_rows = count_rows(paths.prepared)
@@ -108,7 +107,8 @@ def fingerprint(
             "target": spec.to_dict(),
             "shape": shape.to_dict(),
             "rows": n_rows,
-            "runtime": asdict(runtime),
+            # one node's states keep the fingerprint they had before nodes were recorded
+            "runtime": {k: v for k, v in asdict(runtime).items() if (k, v) != ("nodes", 1)},
             # online states are rounded apart from the offline files: not resumed across modes
             **({"hidden_states": mode} if mode != "offline" else {}),
         },

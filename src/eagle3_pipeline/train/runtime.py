@@ -25,12 +25,13 @@ class Runtime:
     loss_implementation: str | None
     world_size: int  # worker processes (GPUs) on this node
     parallel: str = "none"  # none (one process) | ddp | fsdp; set by plan_training
+    nodes: int = 1  # hardware.nodes: one torchrun agent on each
 
     @property
     def launched(self) -> bool:
         """Whether the stage runs the workers under torchrun (always on CUDA, so that it
-        can read NVML after they exited; on CPU when ``train.nproc`` > 1)."""
-        return self.device == "cuda" or self.world_size > 1
+        can read NVML after they exited; on CPU when ``train.nproc`` > 1 or over nodes)."""
+        return self.device == "cuda" or self.world_size > 1 or self.nodes > 1
 
 
 # auto picks FSDP when DDP's per-GPU replica (weights + grads + AdamW state + frozen
@@ -52,7 +53,7 @@ def resolve_runtime(cfg: Config) -> Runtime:
         world = t.nproc or 1
     else:
         world = t.nproc or max(1, hw.gpu_count)
-    return Runtime(device, dtype, attn, loss_impl, world)
+    return Runtime(device, dtype, attn, loss_impl, world, nodes=max(1, hw.nodes))
 
 
 def choose_parallel(

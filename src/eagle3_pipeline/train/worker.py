@@ -9,12 +9,14 @@ adds the NVML reading taken after all workers exited and writes the stage's deta
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from eagle3_pipeline.core.config import load_config
 from eagle3_pipeline.core.errors import ConfigError, StageError
 from eagle3_pipeline.core.io import atomic_write_json
 from eagle3_pipeline.core.logs import setup_logging
+from eagle3_pipeline.core.processes import die_with_parent
 from eagle3_pipeline.train.run import train
 
 
@@ -24,12 +26,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--params", required=True)
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
+    die_with_parent()  # an agent killed with SIGKILL takes its workers with it
     setup_logging()
     cfg = load_config(params=args.params)
+    from torch.distributed import DistError
+
     try:
         metrics = train(cfg)
     except (ConfigError, StageError, FileNotFoundError) as exc:
         print(f"error: train: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+    except DistError as exc:  # a peer (another node's worker) is gone
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        rank = os.environ.get("RANK", "?")
+        print(f"error: train: rank {rank} lost contact with another rank: {first}", file=sys.stderr)
         raise SystemExit(1) from None
     if metrics:
         atomic_write_json(args.out, metrics)
