@@ -160,6 +160,7 @@ def test_kimi_aux_states_and_final_state_reproduce_the_target(kimi_run):
     wd, metrics = kimi_run
     spec = load_target_spec(wd / "data/target/target.json")
     assert spec.nested and metrics.samples_written == 8 and metrics.batches_skipped == 0
+    assert (metrics.device, metrics.model_dtype) == ("cpu", "float32")  # read off the model
     _check_files_against_full_model(wd, spec)
     manifest = json.loads((wd / "data/hidden_states/manifest.json").read_text())
     assert manifest["layers"]["aux_layer_ids"] == spec.aux_layer_ids

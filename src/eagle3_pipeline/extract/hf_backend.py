@@ -91,6 +91,9 @@ def extract_hf(cfg: Config, progress: bool = True) -> ExtractRecord:
     except BaseException:
         cleanup_if_empty(ex, wrote_manifest)
         raise
+    if lm is not None:
+        stats["device"] = lm.device.type
+        stats["model_dtype"] = str(lm.model.dtype).removeprefix("torch.")
     return _record(cfg, ex, work, timings, stats, t_start)
 
 
@@ -131,6 +134,8 @@ def _record(
         peak_gpu_memory_bytes=(
             int(torch.cuda.max_memory_allocated()) if torch.cuda.is_available() else None
         ),
+        device=stats.get("device"),
+        model_dtype=stats.get("model_dtype"),
     )
 
 

@@ -59,6 +59,10 @@ class ExtractRecord(Record):
     bytes_per_token: float  # bytes_written / tokens_computed (0 when none)
     peak_rss_bytes: int  # the stage process's peak resident memory
     threads: int | None = optional()  # hf: torch's intra-op threads
+    # hf: where the target's forwards ran and in which dtype (read off the loaded model,
+    # not the settings: a GPU proof asserts them); unset when no batch was computed
+    device: str | None = optional()  # cpu or cuda
+    model_dtype: str | None = optional()  # the loaded weights' dtype (model.dtype)
     peak_gpu_memory_bytes: int | None = optional()  # hf on CUDA: torch's peak allocation
     # vllm: the server's parallelism (hardware.serving)
     tensor_parallel_size: int | None = optional()
