@@ -79,9 +79,10 @@ def build(tarballs: Path) -> str:
                 raise SystemExit(f"{pkg}: contains {placeholder}; cannot be inlined")
         text = _member(tgz, "package/LICENSE") or (
             "(the npm tarball ships no LICENSE file; the text is in the package's repository, "
-            f"{_repository(meta)})")
+            f"{_repository(meta)})"
+        )
         notice.append(f"{pkg} {version} (npm), BSD-3-Clause:\n{text.replace('--', '- -')}")
-        scripts.append(f'    <script>/* {pkg} {version} */\n{js}\n    </script>')
+        scripts.append(f"    <script>/* {pkg} {version} */\n{js}\n    </script>")
     return PAGE.format(notice="\n".join(notice), scripts="\n".join(scripts))
 
 
