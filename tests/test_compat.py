@@ -344,3 +344,30 @@ def test_the_loss_names_the_schema_accepts_are_speculators_own() -> None:
 
     for impl, names in _LOSS_FN_MAPS.items():
         assert set(names) == {n.value for n in LossName}, impl
+
+
+def test_dvc_internals_used_by_eagle3_remote() -> None:
+    """What ``compat/dvc_remote.py`` reads of DVC; its behaviour (and the ``dvc push`` it
+    works around) is exercised on real repositories in ``tests/test_remote.py``."""
+    from dvc.config import NoRemoteError, RemoteNotFoundError
+    from dvc.data_cloud import DataCloud, Remote
+    from dvc.exceptions import DvcException, NotDvcRepoError
+    from dvc_data.hashfile.db import HashFileDB, get_index
+    from dvc_data.hashfile.db.index import ObjectDBIndexBase
+    from dvc_data.hashfile.hash_info import HashInfo
+    from dvc_data.hashfile.tree import Tree
+
+    assert issubclass(NoRemoteError, DvcException) and issubclass(RemoteNotFoundError, DvcException)
+    assert issubclass(NotDvcRepoError, DvcException)
+    assert {"name"} <= set(inspect.signature(DataCloud.get_remote).parameters)
+    assert {"name", "command", "hash_name"} <= set(
+        inspect.signature(DataCloud.get_remote_odb).parameters
+    )
+    assert {"objs", "remote"} <= set(inspect.signature(DataCloud.push).parameters)
+    assert {"name", "path", "fs"} <= set(inspect.signature(Remote.__init__).parameters)
+    assert {"oids", "jobs"} <= set(inspect.signature(HashFileDB.oids_exist).parameters)
+    assert callable(HashFileDB.oid_to_path) and callable(HashFileDB.exists)
+    assert callable(Tree.load) and callable(get_index)
+    assert callable(ObjectDBIndexBase.clear) and callable(ObjectDBIndexBase.close)
+    hi = HashInfo("md5", "0" * 32 + ".dir")
+    assert hi.isdir and hi.value.endswith(".dir")

@@ -41,6 +41,7 @@ LAYERS = (
     "plan",
     "preflight",
     "experiments",
+    "remote",
     "stages",
 )
 

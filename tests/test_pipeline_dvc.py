@@ -8,6 +8,7 @@ exit codes alone.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -66,6 +67,21 @@ def _run(cwd: Path, *cmd: str, timeout: int = 1500) -> subprocess.CompletedProce
 
 def _dvc(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     return _run(cwd, sys.executable, "-m", "dvc", *args)
+
+
+def _plan(cwd: Path, out: Path) -> dict:
+    """`eagle3-plan` on the clone's params.yaml: its plan.json."""
+    _run(
+        cwd,
+        sys.executable,
+        "-m",
+        "eagle3_pipeline.plan.plan",
+        "--params",
+        "params.yaml",
+        "--out",
+        str(out),
+    )
+    return json.loads((out / "plan.json").read_text())
 
 
 def _lock(cwd: Path) -> dict:
@@ -158,17 +174,7 @@ def test_repro_end_to_end_then_cached_then_train_only_change(repo_copy: Path):
     assert json.loads((repo_copy / "metrics/details/preflight.json").read_text())["passed"] is True
 
     # the plan's storage estimate matches what extract wrote (within 10%)
-    _run(
-        repo_copy,
-        sys.executable,
-        "-m",
-        "eagle3_pipeline.plan.plan",
-        "--params",
-        "params.yaml",
-        "--out",
-        str(repo_copy / "plan_out"),
-    )
-    plan = json.loads((repo_copy / "plan_out/plan.json").read_text())
+    plan = _plan(repo_copy, repo_copy / "plan_out")
     written = json.loads((repo_copy / "metrics/details/extract.json").read_text())["bytes_written"]
     estimate = plan["storage"]["total_bytes"]
     assert abs(estimate - written) <= 0.10 * written, (estimate, written)
@@ -371,20 +377,38 @@ def test_a_second_clone_pulls_the_artifacts_and_reruns_nothing(
     repo_copy: Path, tmp_path: Path
 ) -> None:
     """Clone A (the run above) commits what git versions (dvc.lock, params, the figures
-    under metrics/ and dvclive/) and `dvc push`es to a local-directory remote; clone B
-    `git clone`s and `dvc pull`s. In B, `dvc repro` runs preflight only (it always runs:
-    GPUs are checked every time), and a train-only change reruns train and validate."""
+    under metrics/ and dvclive/) and pushes (`eagle3-remote push`: `dvc push`, then a
+    check) to a local-directory remote; clone B `git clone`s and pulls. A file lost from
+    the remote is named in one line and B's pull fetches nothing until A pushes again. In
+    B, `dvc repro` runs preflight only (it always runs: GPUs are checked every time), and a
+    train-only change reruns train and validate."""
     remote = tmp_path / "remote"
     _dvc(repo_copy, "repro")  # whatever the experiments above left in the workspace
     _dvc(repo_copy, "remote", "add", "-d", "store", str(remote))
     _run(repo_copy, "git", "add", "-A")
     _run(repo_copy, "git", "commit", "-qm", "a finished run, its remote")
-    pushed = _dvc(repo_copy, "push")
-    assert remote.is_dir() and any(remote.rglob("*")), pushed.stdout[-2000:]
+    pushed = _run(repo_copy, "eagle3-remote", "push")
+    assert "holds every cached output of dvc.lock" in pushed.stdout, pushed.stdout[-2000:]
 
+    # a hidden-states file lost from the remote: named by its workspace path, and a
+    # pull in the second clone downloads nothing until clone A pushes it again
+    lock = _lock(repo_copy)["extract"]["outs"]
+    shard = sorted((repo_copy / "data/hidden_states").glob("hs_*.safetensors"))[0]
+    oid = hashlib.md5(shard.read_bytes()).hexdigest()
+    (remote / "files/md5" / oid[:2] / oid[2:]).unlink()
     clone = tmp_path / "clone_b"
     _run(tmp_path, "git", "clone", "-q", str(repo_copy), str(clone))
-    _dvc(clone, "pull")
+    refused = subprocess.run(
+        ["eagle3-remote", "pull"], cwd=clone, env=_env(), capture_output=True, text=True
+    )
+    assert refused.returncode == 1, refused.stderr
+    line = refused.stderr.strip().splitlines()
+    assert len(line) == 1 and line[0].startswith("error: remote 'store' lacks "), line
+    assert f"data/hidden_states/{shard.name} (output of stage 'extract'" in line[0]
+    assert not (clone / "data/draft").exists()  # nothing half-pulled
+    assert any(o["path"] == "data/hidden_states" for o in lock)
+    _run(repo_copy, "eagle3-remote", "push")
+    _run(clone, "eagle3-remote", "pull")
     assert (clone / "data/draft/model.safetensors").is_file()
     assert (clone / "metrics/details/train.json").is_file()  # git carries the details
     assert not (clone / "data/train_state").exists()  # the trainer's machine keeps that
@@ -452,17 +476,7 @@ def test_two_nodes_on_localhost_run_the_plans_commands(repo_copy: Path, tmp_path
     conf.write_text(yaml.safe_dump(data, sort_keys=False))
     _run(repo_copy, sys.executable, "-m", "eagle3_pipeline.core.compose")
     _dvc(repo_copy, "remote", "add", "-f", "-d", "nodes", str(tmp_path / "remote"))
-    _run(
-        repo_copy,
-        sys.executable,
-        "-m",
-        "eagle3_pipeline.plan.plan",
-        "--params",
-        "params.yaml",
-        "--out",
-        str(tmp_path / "plan"),
-    )
-    two = json.loads((tmp_path / "plan/plan.json").read_text())["modes"]["two_nodes"]
+    two = _plan(repo_copy, tmp_path / "plan")["modes"]["two_nodes"]
     (extract, train) = two["offline"].values()
     lock = _lock(repo_copy)
     port = _free_port()
