@@ -388,7 +388,7 @@ def test_two_nodes_print_per_node_commands(tmp_path):
         "EAGLE3_NODE_RANK=1 EAGLE3_MASTER_ADDR=$NODE0 EAGLE3_MASTER_PORT=29500 "
         "python -m eagle3_pipeline.stages.train --params params.yaml   # node 1"
     )
-    assert "dvc push" in train[2]
+    assert train[2].startswith("dvc commit -f train && eagle3-remote push")
     assert two["online"].startswith("not offered over nodes")
     # a CPU profile prints it only when asked for nodes, with its own backend
     cpu = plan.build_plan(cfg_for(tmp_path, "hardware=cpu"), free_fn=lambda _: PLENTY)

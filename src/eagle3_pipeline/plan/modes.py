@@ -154,17 +154,17 @@ def two_nodes(cfg: Config, vllm: bool) -> dict[str, Any]:
         "requires": "data/ on a filesystem every node mounts (each node writes its share of "
         "the hidden states there; the trainers read them all and resume from "
         "data/train_state), and a DVC remote they reach "
-        "(dvc remote add -d store s3://BUCKET/eagle3; dvc push / dvc pull)",
+        "(dvc remote add -d store s3://BUCKET/eagle3; eagle3-remote push / eagle3-remote pull)",
         "offline": {
             f"extract: each node extracts its share of the rows ({nodes} shares)": [
                 f"python -m eagle3_pipeline.stages.extract{backend} "
                 f"extract.rank={r} extract.world_size={nodes}   # node {r}"
                 for r in range(nodes)
             ]
-            + ["dvc commit -f extract && dvc push   # node 0, once every node finished"],
+            + ["dvc commit -f extract && eagle3-remote push   # node 0, once every node finished"],
             f"train: each node's stage starts one torchrun agent (--nnodes {nodes})": (
                 train_on_nodes(nodes)
-                + ["dvc commit -f train && dvc push   # node 0: the draft to the remote"]
+                + ["dvc commit -f train && eagle3-remote push   # node 0: the draft to the remote"]
             ),
         },
         "online": ONLINE_NODES_NOTE,
