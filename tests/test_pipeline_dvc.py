@@ -148,6 +148,11 @@ def test_repro_end_to_end_then_cached_then_train_only_change(repo_copy: Path):
     table = _dvc(repo_copy, "metrics", "show").stdout.splitlines()
     assert max(map(len, table)) <= 130, "\n".join(table)  # a terminal line, or close to it
     validate = json.loads((repo_copy / "metrics/details/validate.json").read_text())
+    # what travels to other clones (the report, the model card, the details) names the
+    # workspace's files by relative path, as the commands it records run from its root
+    for shared in ("data/validate/report.md", "data/validate/README.md"):
+        assert str(repo_copy) not in (repo_copy / shared).read_text(), shared
+    assert str(repo_copy) not in json.dumps(validate), validate
     # dvclive's summaries carry the stages' figures unchanged
     summary = json.loads((repo_copy / headline["validate"]).read_text())
     assert summary == {

@@ -341,3 +341,15 @@ def test_dvclive_summaries_are_the_records_headline(tmp_path: Path) -> None:
     assert [p["acceptance"] for p in points] == v.per_position_rate
     summary = write_summary(tmp_path / "train", train_record(tokens_per_s=1234.5))
     assert summary["tokens_per_s"] == 1234.5
+
+
+def test_portable_commands_name_workspace_files_relatively(tmp_path: Path) -> None:
+    from eagle3_pipeline.core.portable import portable
+
+    root = tmp_path / "ws"
+    line = f'vllm serve {root}/data/target/model --x \'{{"model":"{root}/data/draft"}}\''
+    assert portable(line, root) == 'vllm serve data/target/model --x \'{"model":"data/draft"}\''
+    elsewhere = f"vllm serve {tmp_path}/other/model"  # outside the workspace: kept absolute
+    assert portable(elsewhere, root) == elsewhere
+    assert portable(f"{root}x/y", root) == f"{root}x/y"  # a sibling sharing the prefix
+    assert portable("/a/b", "/") == "/a/b"

@@ -12,6 +12,7 @@ import json
 import re
 from pathlib import Path
 
+from eagle3_pipeline.core.portable import portable
 from eagle3_pipeline.targets.adapter import VLLM_EAGLE3_TARGETS, TargetSpec
 from eagle3_pipeline.validate.checkpoint_config import AUX_WHERE, CheckpointShape
 from eagle3_pipeline.validate.checkpoint_report import Report
@@ -163,7 +164,7 @@ def serve_command(target: str, draft_dir: str, k: int) -> str:
     from eagle3_pipeline.serving.engine import eagle3_config
 
     spec = json.dumps(eagle3_config(Path(draft_dir).resolve(), k), separators=(",", ":"))
-    return f"vllm serve {target} --speculative-config '{spec}'"
+    return portable(f"vllm serve {target} --speculative-config '{spec}'")
 
 
 def _looks_local(name: str) -> bool:

@@ -17,6 +17,7 @@ from typing import Any
 from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.core.errors import StageError
 from eagle3_pipeline.core.metrics import details_path
+from eagle3_pipeline.core.portable import portable
 from eagle3_pipeline.validate.record import ValidateRecord
 
 log = logging.getLogger(__name__)
@@ -211,7 +212,7 @@ def measure_vllm(
         raise StageError(f"vLLM validation failed: {exc}") from None
     out["mode"] = v.vllm_mode
     out["dtype"] = dtype
-    out["commands"] = {name: e.shell(v.server.port) for name, e in engines.items()}
+    out["commands"] = {name: portable(e.shell(v.server.port)) for name, e in engines.items()}
     out["workarounds"] = {
         name: {"env": e.env, "compilation_config": e.compilation_config}
         for name, e in engines.items()
