@@ -110,7 +110,8 @@ def _strict_class() -> type:
                 if isinstance(item, SampleUnavailable):
                     row = self._map_to_file_idx(index)
                     path = getattr(self, "source", None) or (
-                        self.transfer.hidden_states_path / f"hs_{row}.safetensors"
+                        self.transfer.hidden_states_path  # type: ignore[attr-defined]
+                        / f"hs_{row}.safetensors"
                     )
                     raise ValueError(
                         f"{path}: unusable for prepared row {row} "
@@ -226,12 +227,12 @@ def speculators_trainer(
 
     _patch_cpu_step_timer()
     original = trainer_mod.get_local_rank
-    trainer_mod.get_local_rank = lambda: device  # type: ignore[assignment]
+    trainer_mod.get_local_rank = lambda: device  # type: ignore[assignment,return-value]
     try:
         trainer = trainer_mod.Trainer(model, trainer_config, train_loader, val_loader)
     finally:
         trainer_mod.get_local_rank = original
-    trainer.local_rank = device
+    trainer.local_rank = device  # type: ignore[assignment]  # an int rank upstream
     trainer.device_type = torch.device(device).type
     return trainer
 
@@ -279,6 +280,6 @@ def stock_cli_main(argv: list[str]) -> None:
 
     if not torch.accelerator.is_available():
         _patch_cpu_step_timer()
-        trainer_mod.get_local_rank = lambda: "cpu"  # type: ignore[assignment]
+        trainer_mod.get_local_rank = lambda: "cpu"  # type: ignore[assignment,return-value]
     sys.argv = ["speculators.train", *argv]
     main(TrainConfig.resolve())

@@ -132,6 +132,7 @@ def validate_and_convert(
         if problem is not None:
             path.unlink(missing_ok=True)
             raise StageError(f"{path}: {problem} (row {i}); the file was removed")
+        assert tok is not None and hs is not None  # no problem: both were read
         if hs.dtype != want or tok.dtype != torch.int64:
             save_hidden_states(path, tok.to(torch.int64), hs.to(want), fsync, timings)
             converted += 1

@@ -42,7 +42,7 @@ def run_offline(
     tokens/s) plus ``run_s``, the whole process's wall time."""
     log_path = Path(log_file)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    job = {
+    job: dict[str, Any] = {
         "llm": engine.llm_kwargs(),
         "prompts": [list(map(int, p)) for p in prompts],
         "max_tokens": int(max_tokens),

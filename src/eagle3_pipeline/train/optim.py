@@ -16,7 +16,7 @@ from eagle3_pipeline.core.config import ConfigError, TrainConfig
 # speculators 0.9's own Muon settings (its OptimizerArgs defaults), so ``optimizer=muon``
 # is its recipe: momentum, the Muon group's weight decay, Newton-Schulz steps, and the
 # learning-rate adjustment that matches AdamW's update RMS (so one lr serves both groups).
-MUON_DEFAULTS = {
+MUON_DEFAULTS: dict[str, Any] = {
     "momentum": 0.95,
     "weight_decay": 0.1,
     "ns_steps": 5,
@@ -98,7 +98,7 @@ def build_optimizer(
         from speculators.train.optimizers import split_named_params_for_muon
 
         muon, rest = split_named_params_for_muon(model)
-        opts = []
+        opts: list[torch.optim.Optimizer] = []
         if muon:
             opts.append(
                 torch.optim.Muon([p for _, p in muon], lr=t.muon_lr or t.lr, **MUON_DEFAULTS)

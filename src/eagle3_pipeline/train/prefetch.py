@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,9 @@ def _pin(batch: Any) -> Any:
     return pin() if callable(pin) else batch
 
 
-def prefetch(items: Iterable[Any], depth: int, pin_memory: bool = False) -> Iterator[Any]:
+def prefetch(
+    items: Iterable[Any], depth: int, pin_memory: bool = False
+) -> Generator[Any, None, None]:
     """``items`` in order, produced up to ``depth`` ahead by one thread (``depth`` 0:
     in this thread, as a plain loop)."""
     if depth <= 0:

@@ -10,7 +10,7 @@ implies, or ``None`` when it does not define them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from eagle3_pipeline.draft.layers import DRAFT_LAYERS
 from eagle3_pipeline.validate.checkpoint_report import Report
@@ -47,7 +47,7 @@ class CheckpointShape:
 # --------------------------------------------------------------------------- field access
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -418,7 +418,12 @@ def check_config(report: Report, config: dict[str, Any]) -> CheckpointShape | No
     target_hidden = _check_target_hidden(report, config, dims["hidden"])
     n_aux = _check_aux_count(report, tlc, aux)
 
-    if any(v is None for v in (*dims.values(), draft_vocab, layer_type)):
+    if (
+        any(v is None for v in dims.values())
+        or target_hidden is None  # only when hidden is, which dims already says
+        or draft_vocab is None
+        or layer_type is None
+    ):
         return None
     return CheckpointShape(
         **dims,

@@ -233,9 +233,9 @@ def check_weights(
         return by_vllm
     wanted, optional = expected_tensors(shape)
     for name, (want_shape, kind) in wanted.items():
-        info = by_vllm.get(name)
-        if info is not None:
-            _check_tensor(report, info, want_shape, kind)
+        found = by_vllm.get(name)
+        if found is not None:
+            _check_tensor(report, found, want_shape, kind)
         elif name not in optional:
             report.error(
                 "tensor-missing",
