@@ -165,3 +165,23 @@ def test_only_the_named_stages_are_checked(pushed: tuple[Path, Path]) -> None:
     a, _ = pushed
     line = _error_line(_remote(a, "check", "nosuch"))
     assert "no stage named 'nosuch'" in line
+
+
+def test_a_remote_nothing_answers_at_and_a_missing_plugin(
+    pushed: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """An http remote on a closed port, and an s3 remote when dvc-s3 is not installed
+    (as in this project's environment): one line each, naming the remote."""
+    import importlib.util
+
+    a, _ = pushed
+    dvc = (sys.executable, "-m", "dvc", "remote", "add")
+    _ok(a, *dvc, "web", "http://127.0.0.1:9/eagle3")
+    line = _error_line(_remote(a, "check", "-r", "web"))
+    assert "remote 'web' at http://127.0.0.1:9/eagle3 is unreachable: nothing is there" in line
+    if importlib.util.find_spec("dvc_s3") is not None:
+        pytest.skip("dvc-s3 is installed here: the missing-plugin line cannot be shown")
+    _ok(a, *dvc, "bucket", "s3://bucket/eagle3")
+    line = _error_line(_remote(a, "pull", "-r", "bucket"))
+    assert "remote 'bucket': s3 is supported, but requires 'dvc-s3'" in line
+    assert "pip install 'dvc[<scheme>]'" in line

@@ -81,9 +81,15 @@ def open_repo(root: Path) -> Iterator[Any]:
         repo.close()
 
 
+def one_line(exc: BaseException) -> str:
+    """An exception's message on one line (DVC's span several: a hint, a pip command)."""
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
 def remote_info(repo: Any, name: str | None) -> RemoteInfo:
     """The remote ``name`` (or the default one), as DVC's own commands resolve it."""
     from dvc.config import NoRemoteError, RemoteNotFoundError
+    from dvc.exceptions import DvcException
 
     try:
         remote = repo.cloud.get_remote(name)
@@ -97,6 +103,13 @@ def remote_info(repo: Any, name: str | None) -> RemoteInfo:
             f"no DVC remote named {name!r} in {repo.root_dir}/.dvc/config: "
             "`dvc remote list` shows the names"
         ) from None
+    except ImportError as exc:  # s3:// without the dvc-s3 plugin installed, for one
+        raise RemoteProblem(
+            f"remote {name or '(the default)'!r}: {one_line(exc)}: pip install 'dvc[<scheme>]' "
+            "(s3, gs, azure, ssh, ...)"
+        ) from None
+    except DvcException as exc:
+        raise RemoteProblem(f"remote {name or '(the default)'!r}: {one_line(exc)}") from None
     return RemoteInfo(name=remote.name, url=remote.fs.unstrip_protocol(remote.path))
 
 
@@ -108,16 +121,19 @@ def check_reachable(repo: Any, info: RemoteInfo) -> None:
     try:
         there = remote.fs.exists(remote.path)
     except Exception as exc:  # noqa: BLE001 -- any filesystem's failure, as one line
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise RemoteProblem(
-            f"remote {info.name!r} at {info.url} is unreachable: {first}: check the "
+            f"remote {info.name!r} at {info.url} is unreachable: {one_line(exc)}: check the "
             "credentials and the network, or `dvc remote modify` its settings"
         ) from None
     if not there:
+        why = (
+            "that path does not exist (a share not mounted on this machine?); mount it, or"
+            if remote.fs.protocol == "local"
+            else "nothing is there (no server answered, or the path is wrong);"
+        )
         raise RemoteProblem(
-            f"remote {info.name!r} at {info.url} is unreachable: that path does not exist "
-            "(a share not mounted on this machine?); mount it, or point the remote at the "
-            f"right place: `dvc remote modify {info.name} url <dir or url>`"
+            f"remote {info.name!r} at {info.url} is unreachable: {why} point the remote at "
+            f"the right place: `dvc remote modify {info.name} url <dir or url>`"
         )
 
 
@@ -127,7 +143,7 @@ def _odb(repo: Any, info: RemoteInfo, hash_name: str) -> Any:
     try:
         return repo.cloud.get_remote_odb(info.name, "check", hash_name=hash_name)
     except DvcException as exc:
-        raise RemoteProblem(f"remote {info.name!r} at {info.url}: {exc}") from None
+        raise RemoteProblem(f"remote {info.name!r} at {info.url}: {one_line(exc)}") from None
 
 
 def _listing(repo: Any, odb: Any, hash_info: Any) -> Any | None:

@@ -16,8 +16,10 @@ from pathlib import Path
 from eagle3_pipeline.compat.dvc_remote import (
     Absent,
     RemoteInfo,
+    RemoteProblem,
     absent_objects,
     check_reachable,
+    one_line,
     open_repo,
     remote_info,
     send_absent,
@@ -54,12 +56,17 @@ def check_remote(
     with open_repo(root) as repo:
         info = remote_info(repo, name)
         check_reachable(repo, info)
-        wanted, not_run = wanted_objects(repo, info, stages)
-        if show_progress:
-            with _Bar(f"checking remote {info.name!r}") as bar:
-                absent = absent_objects(repo, info, wanted, progress=bar.update_to)
-        else:
-            absent = absent_objects(repo, info, wanted)
+        try:
+            wanted, not_run = wanted_objects(repo, info, stages)
+            if show_progress:
+                with _Bar(f"checking remote {info.name!r}") as bar:
+                    absent = absent_objects(repo, info, wanted, progress=bar.update_to)
+            else:
+                absent = absent_objects(repo, info, wanted)
+        except OSError as exc:  # a remote lost mid-listing (network, an unmounted share)
+            raise RemoteProblem(
+                f"remote {info.name!r} at {info.url} failed while being read: {one_line(exc)}"
+            ) from None
     dirs = {w.path for w in wanted if w.oid.endswith(".dir")}
     return RemoteReport(
         remote=info,
