@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         if before is not None and not before.ok:
             sent = send_what_is_absent(args.repo, before)
             if sent:
-                print(f"sent {sent} object(s) the remote had lost", file=sys.stderr)
+                print(f"sent {sent} object(s) the remote lacked", file=sys.stderr)
         pushed = _dvc(args, "push")
     report = _report(args)
     if not report.ok:
