@@ -124,8 +124,8 @@ def begin(cfg: Config, backend: str) -> Extraction:
     key = manifest_key(spec, model_dir, cfg.extract.dtype, backend, tok_sha)
     try:
         reusable = check_manifest(out, key, rows, cfg.extract.on_mismatch)
-        if old_count > len(rows):  # back to fewer rows: the prefix hash cannot tell
-            verify_token_ids(rows, reusable)
+        if old_count > len(rows):  # a shrink: the files' own token ids confirm the proof
+            reusable = verify_token_ids(out, rows, reusable, cfg.extract.on_mismatch)
     except BaseException:
         if created:
             shutil.rmtree(out, ignore_errors=True)

@@ -91,6 +91,12 @@ class ExtractManifest(Record):
     plan: dict[str, Any]  # hf: the batch plan's settings; vllm: the layer ids vLLM captures
     mode: str = "offline"  # extract.mode: offline (one file per row) or online (no files)
     online: dict[str, Any] | None = optional()  # online: the engine the train stage starts
+    # offline: entry i is the hash of the row whose states hs_i.safetensors holds (sha256 of
+    # its length and int64 input_ids, first 32 hex digits; :func:`~.manifest.row_hashes`),
+    # one per row, then any kept past the rows by a shrink. What proves a file reusable
+    # when rows shrink or change; a manifest without it (written before it) proves only an
+    # extension, by ``samples.input_ids_sha256``.
+    row_sha256: list[str] | None = optional()
 
     @property
     def is_online(self) -> bool:
