@@ -226,7 +226,10 @@ def test_a_profile_gets_what_its_file_states_and_the_schema_the_rest(group_file)
 
     group, name = group_file.removesuffix(".yaml").split("/")
     stated = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / group_file))
-    extra = ["data.path=chats.jsonl"] if group == "data" and name != "builtin" else []
+    # a data group without a file of its own needs data.path (sharegpt_file); one that
+    # states its file keeps it
+    needs_path = group == "data" and "path" not in stated and name != "builtin"
+    extra = ["data.path=chats.jsonl"] if needs_path else []
     cfg = asdict(load_config([f"{group}={name}", *extra], conf_dir=REPO / "conf"))
     base = asdict(load_config(conf_dir=REPO / "conf"))
     for key, value in _leaves(stated):

@@ -264,11 +264,18 @@ def test_stage_outputs_heldout_stability_and_prefix_rows(workdir):
     assert metrics["supervised_tokens"] < metrics["tokens"]
     assert metrics["max_tokens_per_row"] == max(map(len, rows_12))
     assert metrics["regenerate"] is False and metrics["backend"] is None
+    assert metrics["roles"] == "any" and metrics["truncated_tail"] == 0
+    assert metrics["license"] == "PSF-2.0" and "pinned" not in metrics
+    assert [t["turn"] for t in metrics["turns"]] == list(range(len(metrics["turns"])))
+    assert sum(t["rows"] for t in metrics["turns"]) >= metrics["rows"]
 
     m = prepare(_cfg(*base, "train.samples=30"), progress=False)
     rows_30 = load_from_disk(str(prepared_dir(_cfg()))).with_format(None)["input_ids"]
     assert heldout_path(_cfg()).read_bytes() == held_12  # byte-identical
     assert rows_30[: len(rows_12)] == rows_12 and m.rows > len(rows_12)
+    # the held-out set is the same conversations, the training set is another one
+    assert m.heldout_sha256 == metrics["heldout_sha256"]
+    assert m.train_sha256 != metrics["train_sha256"] and len(str(m.train_sha256)) == 64
 
     held = [json.loads(line) for line in held_12.decode().splitlines()]
     assert len(held) == 16 and len({h["id"] for h in held}) == 16

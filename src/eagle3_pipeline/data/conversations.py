@@ -23,16 +23,20 @@ sees it at inference), with two deliberate differences:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import mmap
 import random
+import re
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.core.config import Config, ConfigError, DataConfig
+from eagle3_pipeline.data.record import TurnTokens
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +92,11 @@ class ErrorLog:
     counts: Counter[str] = field(default_factory=Counter)
     unreadable: int = 0  # records that could not even be parsed (still conversations in)
     entries: list[BadInput] = field(default_factory=list)
+    # turns cut from conversations that are still used, per reason (``data.roles=eagle``:
+    # ``leading:<role>`` before the first human turn, ``empty_turn`` and ``after_empty_turn``)
+    turns_dropped: Counter[str] = field(default_factory=Counter)
+    # a JSON array file that ends inside its last record (published truncated)
+    truncated: TruncatedTail | None = None
 
     def add(self, reason: str, where: str, message: str, unreadable: bool = False) -> None:
         self.counts[reason] += 1
@@ -98,6 +107,21 @@ class ErrorLog:
             log.warning("%s: %s", "bad input" if self.on_error == "fail" else "skipped", message)
         elif n == MAX_LOGGED_ERRORS + 1:
             log.warning("more bad input: every record is listed in the bad-lines report")
+
+    def truncate(self, path: Path, tail: TruncatedTail) -> None:
+        """The file ends inside record ``tail.record``: counted (``truncated_tail``), in
+        the bad-lines report, and always logged -- a cut file is never silently short."""
+        self.truncated = tail
+        where = f"{path}[{tail.record}]"
+        message = (
+            f"{where}: the file ends inside this record (it starts at byte {tail.offset}; "
+            f"{tail.bytes} bytes skipped): the file is truncated, the cut record is not used"
+            if tail.bytes
+            else f"{where}: the file ends before the JSON array is closed (byte {tail.offset})"
+        )
+        self.add("truncated_tail", where, message, unreadable=True)
+        if len(self.entries) > MAX_LOGGED_ERRORS:
+            log.warning("%s", message)
 
     def summary(self) -> str:
         """``3 bad records (malformed_json 2, non_utf8 1)``: the one line the log ends with."""
@@ -119,37 +143,84 @@ class ErrorLog:
 
 # --------------------------------------------------------------------------- loading
 
+# One token of a JSON text for the record scanner: a string (escapes consumed; group 1 is
+# its closing quote, absent only when the file ends inside it) or a bracket. UTF-8
+# continuation bytes are >= 0x80, so scanning bytes never mistakes one for a quote.
+_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*(")?|[\[\]{}]', re.DOTALL)
+_SPACE = re.compile(rb"[ \t\r\n]*")
+
+
+def _skip_space(buf: Any, pos: int) -> int:
+    m = _SPACE.match(buf, pos)
+    return pos if m is None else m.end()
+
+
+_SCALAR_END = re.compile(rb"[,\]\s]")
+
+
+@dataclass(frozen=True)
+class TruncatedTail:
+    """A JSON array whose file ends inside it: the record it ends in (cut, skipped),
+    where that record starts and how many bytes were left unread."""
+
+    record: int
+    offset: int
+    bytes: int
+
 
 def read_records(path: Path, errors: ErrorLog) -> Iterator[tuple[str, Any]]:
     """Yield ``(where, record)`` from a JSONL file (one object a line) or a JSON file (a
-    list, or an object holding one list). ``where`` is ``file:line`` for messages."""
+    list, or an object holding one list). ``where`` is ``file:line`` or ``file[index]``.
+
+    Neither is read whole into memory twice: JSONL is read a line at a time, a JSON array
+    record by record from a memory map (:func:`_read_json_array`)."""
     if not path.is_file():
         raise FileNotFoundError(f"data.path={path}: file not found")
-    raw = path.read_bytes()
-    if is_json_document(path, raw):
-        yield from _read_json_document(path, raw, errors)
+    if is_json_document(path):
+        if first_byte(path) == b"[":
+            yield from _read_json_array(path, errors)
+        else:
+            yield from _read_json_document(path, path.read_bytes(), errors)
         return
-    for lineno, line in enumerate(raw.splitlines(), start=1):
-        where = f"{path}:{lineno}"
-        if not line.strip():
-            errors.add("blank_line", where, f"{where}: blank line (JSONL holds one object a line)",
-                       True)
-            continue
-        try:
-            text = line.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            errors.add("non_utf8", where, f"{where}: not UTF-8 text (byte {exc.start})", True)
-            continue
-        try:
-            yield where, json.loads(text)
-        except json.JSONDecodeError as exc:
-            errors.add("malformed_json", where,
-                       f"{where}: malformed JSON ({exc.msg}, column {exc.colno})", True)
+    with open(path, "rb") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            where = f"{path}:{lineno}"
+            if not line.strip():
+                errors.add(
+                    "blank_line",
+                    where,
+                    f"{where}: blank line (JSONL holds one object a line)",
+                    True,
+                )
+                continue
+            try:
+                text = line.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                errors.add("non_utf8", where, f"{where}: not UTF-8 text (byte {exc.start})", True)
+                continue
+            try:
+                yield where, json.loads(text)
+            except json.JSONDecodeError as exc:
+                errors.add(
+                    "malformed_json",
+                    where,
+                    f"{where}: malformed JSON ({exc.msg}, column {exc.colno})",
+                    True,
+                )
 
 
-def is_json_document(path: Path, raw: bytes) -> bool:
+def first_byte(path: Path) -> bytes:
+    """The file's first byte that is not JSON whitespace (b"" for a blank file)."""
+    with open(path, "rb") as fh:
+        while chunk := fh.read(65536):
+            if stripped := chunk.lstrip(b" \t\r\n"):
+                return stripped[:1]
+    return b""
+
+
+def is_json_document(path: Path) -> bool:
     """A JSON file (a list, or an object holding one) rather than JSONL."""
-    return path.suffix == ".json" or raw.lstrip()[:1] == b"["
+    return path.suffix == ".json" or first_byte(path) == b"["
 
 
 def document_records(data: Any) -> Any:
@@ -163,7 +234,105 @@ def document_records(data: Any) -> Any:
     return data
 
 
+def _value_end(buf: Any, start: int, size: int) -> int | None:
+    """End (exclusive) of the JSON value starting at byte ``start``, found by brackets
+    and strings only (the parser checks the rest); None when the file ends first."""
+    if buf[start] not in b'{["':
+        m = _SCALAR_END.search(buf, start)
+        return None if m is None else max(m.start(), start + 1)
+    depth = 0
+    for m in _TOKEN.finditer(buf, start):
+        c = buf[m.start()]
+        if c == 0x22:  # a string
+            if m.start(1) == -1:
+                return None  # the file ends inside it
+        elif c in b"{[":
+            depth += 1
+        else:
+            depth -= 1
+        if depth <= 0:
+            return m.end()
+    return None
+
+
+def json_array_spans(
+    buf: Any, errors: ErrorLog | None, path: Path
+) -> Iterator[tuple[int, int, int]]:
+    """``(index, start, end)`` byte spans of the top-level records of the JSON array in
+    ``buf`` (a memory map or bytes starting, after whitespace, with ``[``).
+
+    Why spans and not one ``json.loads``: a published file may be cut (ShareGPT's stops
+    mid-string) or hold one broken record; a whole-file parse would lose everything. A
+    broken separator is reported (``errors``) and scanning resumes at the next record;
+    a file that ends inside the array is reported as its truncated tail
+    (``errors.truncated``) and nothing past the file's end is read."""
+    size = len(buf)
+    pos = _skip_space(buf, 0) + 1  # past "["
+    index = 0
+    while True:
+        pos = _skip_space(buf, pos)
+        if pos < size and buf[pos] == 0x5D:  # "]": the array ends
+            rest = _skip_space(buf, pos + 1)
+            if rest < size and errors is not None:
+                where = f"{path}[{index}]"
+                errors.add(
+                    "malformed_json",
+                    where,
+                    f"{where}: data after the array's end (byte {rest}) is ignored",
+                )
+            return
+        end = _value_end(buf, pos, size) if pos < size else None
+        if end is None:
+            if errors is not None:
+                errors.truncate(path, TruncatedTail(index, pos, size - pos))
+            return
+        yield index, pos, end
+        index += 1
+        pos = _skip_space(buf, end)
+        if pos < size and buf[pos] == 0x2C:  # ","
+            pos += 1
+        elif pos < size and buf[pos] != 0x5D and errors is not None:
+            where = f"{path}[{index}]"
+            errors.add(
+                "malformed_json",
+                where,
+                f"{where}: expected ',' or ']' after record {index - 1} "
+                f"(byte {pos}); read on from there",
+            )
+
+
+def _read_json_array(path: Path, errors: ErrorLog) -> Iterator[tuple[str, Any]]:
+    """Records of a JSON array file, parsed one at a time (``raw_decode`` on each record's
+    bytes): one broken record is reported by index and byte offset, not the whole file."""
+    decoder = json.JSONDecoder()
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        for index, start, end in json_array_spans(buf, errors, path):
+            where = f"{path}[{index}]"
+            try:
+                text = buf[start:end].decode("utf-8")
+            except UnicodeDecodeError as exc:
+                errors.add(
+                    "non_utf8", where, f"{where}: not UTF-8 text (byte {start + exc.start})", True
+                )
+                continue
+            try:
+                record, used = decoder.raw_decode(text)
+                if text[used:].strip():
+                    raise json.JSONDecodeError("extra data", text, used)
+            except json.JSONDecodeError as exc:
+                errors.add(
+                    "malformed_json",
+                    where,
+                    f"{where}: malformed JSON ({exc.msg}, byte {start + exc.pos})",
+                    True,
+                )
+                continue
+            yield where, record
+
+
 def _read_json_document(path: Path, raw: bytes, errors: ErrorLog) -> Iterator[tuple[str, Any]]:
+    """A JSON file that is not an array (an object holding one list, or one
+    conversation): parsed whole, as such files are small."""
     try:
         data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
@@ -176,8 +345,12 @@ def _read_json_document(path: Path, raw: bytes, errors: ErrorLog) -> Iterator[tu
         return
     data = document_records(data)
     if not isinstance(data, list):
-        errors.add("malformed_json", str(path),
-                   f"{path}: a JSON file must hold a list of conversations", True)
+        errors.add(
+            "malformed_json",
+            str(path),
+            f"{path}: a JSON file must hold a list of conversations",
+            True,
+        )
         return
     for i, rec in enumerate(data):
         yield f"{path}[{i}]", rec
@@ -195,10 +368,99 @@ def _check_text(value: Any, where: str, what: str) -> str:
     return value
 
 
-def normalize_record(record: Any, where: str, fmt: str = "auto", index: int = 0) -> dict[str, Any]:
+# EAGLE's rule (data.roles=eagle): the two roles each format may use, in turn order.
+EAGLE_ROLES = {"sharegpt": ("human", "gpt"), "openai": ("user", "assistant")}
+
+
+def eagle_turns(
+    turns: list[Any],
+    where: str,
+    key: str,
+    role_key: str,
+    content_key: str,
+    fmt: str,
+    dropped: Counter[str],
+) -> list[Any]:
+    """The turns EAGLE's ShareGPT rule keeps (what EAGLE and speculators train on).
+
+    - Leading turns before the first human one are dropped, whatever their role (in
+      ShareGPT they are the bot's greeting or a share site's banner posted as ``system``),
+      counted as ``leading:<role>`` in ``dropped``.
+    - After that only the format's two roles may appear (``human``/``gpt``; in OpenAI form
+      ``user``/``assistant``): a conversation with another (``system``, ``chatgpt``,
+      ``bing``, ``bard``, even ``user`` in ShareGPT form) is skipped as ``odd_role:<role>``,
+      the first such role naming it; then they must strictly alternate, human first, else
+      it is skipped as ``broken_alternation``.
+    - An empty (or blank) turn cuts the conversation before the exchange (human turn and
+      its answer) that holds it: the earlier exchanges are kept, so alternation stays valid
+      and no later turn refers to a missing one (``empty_turn`` and ``after_empty_turn``
+      count the cut turns). Dropping only the empty turn would leave two human turns in a
+      row; dropping the whole conversation would lose its good exchanges. When nothing is
+      left the conversation is skipped as ``empty_turn``.
+    """
+    human, answer = EAGLE_ROLES[str(fmt)]
+
+    def role(t: int) -> str:
+        turn = turns[t]
+        if not isinstance(turn, dict) or role_key not in turn:
+            raise BadConversation(
+                "malformed_record", f"{where} {key}[{t}]: a turn needs '{role_key}'"
+            )
+        return str(turn[role_key])
+
+    roles = [role(t) for t in range(len(turns))]
+    first = next((t for t, r in enumerate(roles) if r == human), None)
+    if first is None:
+        raise BadConversation("no_user_turn", f"{where}: no '{human}' turn")
+    odd = next((r for r in roles[first:] if r not in (human, answer)), None)
+    if odd is not None:
+        raise BadConversation(
+            f"odd_role:{odd}",
+            f"{where}: role {odd!r} after the first '{human}' turn (data.roles=eagle takes "
+            f"only '{human}' and '{answer}')",
+        )
+    for t, r in enumerate(roles[first:]):
+        if r != (human, answer)[t % 2]:
+            raise BadConversation(
+                "broken_alternation",
+                f"{where} {key}[{first + t}]: '{r}' where '{(human, answer)[t % 2]}' must "
+                f"follow (data.roles=eagle: {human} and {answer} strictly alternate)",
+            )
+    kept = turns[first:]
+    cut = next(
+        (
+            t
+            for t, turn in enumerate(kept)
+            if not isinstance(turn.get(content_key), str) or not turn[content_key].strip()
+        ),
+        None,
+    )
+    if cut is not None and isinstance(kept[cut].get(content_key), str):  # empty, not absent
+        start = cut - cut % 2  # the exchange's human turn
+        if start == 0:
+            raise BadConversation(
+                "empty_turn", f"{where} {key}[{first + cut}]: empty turn in the first exchange"
+            )
+        dropped["empty_turn"] += 1
+        dropped["after_empty_turn"] += len(kept) - start - 1
+        kept = kept[:start]
+    for r in roles[:first]:
+        dropped[f"leading:{r}"] += 1
+    return kept
+
+
+def normalize_record(
+    record: Any,
+    where: str,
+    fmt: str = "auto",
+    index: int = 0,
+    roles: str = "any",
+    dropped: Counter[str] | None = None,
+) -> dict[str, Any]:
     """One input record -> ``{"id", "messages": [{role, content, reasoning_content?}]}``.
 
-    Raises :class:`BadConversation` naming the record and the problem.
+    ``roles="eagle"`` applies :func:`eagle_turns` first (turns it cuts are counted in
+    ``dropped``). Raises :class:`BadConversation` naming the record and the problem.
     """
     if not isinstance(record, dict):
         raise BadConversation("malformed_record", f"{where}: a conversation must be a JSON object")
@@ -216,6 +478,11 @@ def normalize_record(record: Any, where: str, fmt: str = "auto", index: int = 0)
         raise BadConversation("malformed_record", f"{where}: '{key}' must be a list of turns")
     if not turns:
         raise BadConversation("empty_conversation", f"{where}: '{key}' is empty")
+    if roles == "eagle":
+        trimmed: Counter[str] = Counter()
+        turns = eagle_turns(turns, where, key, role_key, content_key, fmt, trimmed)
+        if dropped is not None:
+            dropped.update(trimmed)
     messages: list[dict[str, Any]] = []
     for t, turn in enumerate(turns):
         at = f"{where} {key}[{t}]"
@@ -296,9 +563,13 @@ def load_conversations(
     for where, rec in records:
         n_in += 1
         try:
-            conv = normalize_record(rec, where, data.format, index=n_in - 1)
+            trimmed: Counter[str] = Counter()
+            conv = normalize_record(
+                rec, where, data.format, index=n_in - 1, roles=str(data.roles), dropped=trimmed
+            )
             if require_assistant and not any(m["role"] == "assistant" for m in conv["messages"]):
                 raise BadConversation("no_assistant_turn", f"{where}: no assistant turn")
+            errors.turns_dropped.update(trimmed)  # only for conversations that are used
         except BadConversation as exc:
             errors.add(exc.reason, where, str(exc))
             continue
@@ -313,13 +584,19 @@ def load_conversations(
 
 
 def select(
-    convs: list[Any], heldout_size: int, samples: int, seed: int
+    convs: list[Any],
+    heldout_size: int,
+    samples: int,
+    seed: int,
+    heldout_fits: Callable[[Any], bool] | None = None,
 ) -> tuple[list[Any], list[Any]]:
-    """(held-out, training) conversations.
+    """(held-out, training) conversations: a seeded random sample, not the file's first N.
 
-    One shuffle with the seed: its first ``heldout_size`` are held out, the next
-    ``samples`` are trained on. So the held-out set never depends on ``train.samples``,
-    and the training set for N is a prefix of the one for any M > N.
+    One shuffle with the seed: the first ``heldout_size`` conversations in that order
+    that ``heldout_fits`` (a held-out prompt must leave room for an answer in the target's
+    window) are held out, the next ``samples`` of the others are trained on. So the
+    held-out set never depends on ``train.samples``, never meets the training set, and the
+    training set for N is a prefix of the one for any M > N.
     """
     if heldout_size >= len(convs):
         raise ConfigError(
@@ -328,16 +605,51 @@ def select(
         )
     order = list(range(len(convs)))
     random.Random(seed).shuffle(order)
-    held = [convs[i] for i in order[:heldout_size]]
-    train = [convs[i] for i in order[heldout_size : heldout_size + samples]]
+    held_idx: list[int] = []
+    for i in order:
+        if len(held_idx) == heldout_size:
+            break
+        if heldout_fits is None or heldout_fits(convs[i]):
+            held_idx.append(i)
+    if len(held_idx) < heldout_size:
+        log.warning(
+            "only %d conversations have a first prompt short enough to hold out "
+            "(data.heldout_size=%d)",
+            len(held_idx),
+            heldout_size,
+        )
+    taken = set(held_idx)
+    held = [convs[i] for i in held_idx]
+    train = [convs[i] for i in order if i not in taken][:samples]
     if len(train) < samples:
         log.warning(
             "train.samples=%d but only %d conversations remain after %d held out: using all",
             samples,
             len(train),
-            heldout_size,
+            len(held),
         )
     return held, train
+
+
+def conversation_set_sha256(convs: Iterable[dict[str, Any]]) -> str:
+    """SHA-256 of a set of conversations' content, order aside: the sorted SHA-256 digests
+    of each conversation's canonical JSON (id and messages, sorted keys, no spaces).
+
+    Why: "trained on 1,000 ShareGPT conversations" does not say which; two runs (or a
+    draft and its model card) can be compared by this one value. Order is left out since
+    it is a property of the seed's shuffle, not of the data."""
+    digests = sorted(
+        hashlib.sha256(
+            json.dumps(
+                {"id": c["id"], "messages": c["messages"]},
+                sort_keys=True,
+                ensure_ascii=False,
+                separators=(",", ":"),
+            ).encode("utf-8")
+        ).hexdigest()
+        for c in convs
+    )
+    return hashlib.sha256("\n".join(digests).encode("ascii")).hexdigest()
 
 
 # --------------------------------------------------------------------------- tokenizer
@@ -423,9 +735,28 @@ class Row:
     """One training row before truncation: the context ids, then the supervised ids."""
 
     conversation: str
-    turn: int
+    turn: int  # recorded rows: the turn's index in the messages; regenerated: == answer
     context: list[int]
     completion: list[int]
+    answer: int = 0  # which assistant turn of its conversation (0: the first answer)
+
+
+def turn_tokens(rows: Iterable[Row]) -> list[TurnTokens]:
+    """Per assistant-turn position: rows, mean context and answer tokens (before
+    truncation). Multi-turn data shows here: later turns' contexts carry earlier answers."""
+    by_turn: dict[int, list[Row]] = {}
+    for r in rows:
+        by_turn.setdefault(r.answer, []).append(r)
+    return [
+        TurnTokens(
+            turn=k,
+            rows=len(rs),
+            mean_prompt_tokens=round(sum(len(r.context) for r in rs) / len(rs), 1),
+            mean_completion_tokens=round(sum(len(r.completion) for r in rs) / len(rs), 1),
+            max_prompt_tokens=max(len(r.context) for r in rs),
+        )
+        for k, rs in sorted(by_turn.items())
+    ]
 
 
 def recorded_rows(
@@ -435,9 +766,11 @@ def recorded_rows(
     rows: list[Row] = []
     errors: Counter[str] = Counter()
     msgs = conv["messages"]
+    answer = -1
     for j, m in enumerate(msgs):
         if m["role"] != "assistant" or not any(p["role"] == "user" for p in msgs[:j]):
             continue
+        answer += 1
         turn = m if reasoning == "keep" else strip_reasoning([m])[0]
         try:
             ctx, comp = assistant_turn_ids(tokenizer, msgs[:j], turn, eot_ids)
@@ -445,7 +778,7 @@ def recorded_rows(
             errors[exc.reason] += 1
             log.debug("%s turn %d: %s", conv["id"], j, exc)
             continue
-        rows.append(Row(conv["id"], j, ctx, comp))
+        rows.append(Row(conv["id"], j, ctx, comp, answer))
     return rows, errors
 
 

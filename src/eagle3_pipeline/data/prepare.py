@@ -13,6 +13,7 @@ import logging
 import os
 import time
 from collections import Counter
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from eagle3_pipeline.data.bad_lines import write_bad_lines
 from eagle3_pipeline.data.conversations import (
     ErrorLog,
     check_data_config,
+    conversation_set_sha256,
     end_of_turn_ids,
     finalize_rows,
     heldout_jsonl,
@@ -30,9 +32,13 @@ from eagle3_pipeline.data.conversations import (
     load_conversations,
     load_tokenizer,
     recorded_rows,
+    render_ids,
     select,
+    strip_reasoning,
+    turn_tokens,
     write_prepared,
 )
+from eagle3_pipeline.data.pinned import PinnedFileError, data_file
 from eagle3_pipeline.data.record import PrepareRecord
 from eagle3_pipeline.targets.adapter import load_target_spec, read_json
 from eagle3_pipeline.targets.families import family_for_config
@@ -53,15 +59,30 @@ def bad_lines_path(cfg: Config) -> Path:
     return Path(cfg.paths.bad_lines)
 
 
+# Reasons that say a record is not a conversation at all (the file has another shape).
+SHAPE_REASONS = frozenset({"malformed_record", "unknown_format"})
+
+
 def no_conversation_message(d: DataConfig, n_in: int, bad: ErrorLog, report: Path) -> str:
     """One line for input with nothing to train on: an empty source says so plainly (not
     "0 of 0"); otherwise the reasons and where every bad record is listed."""
     source = f"data.path={d.path}" if d.source != "builtin" else "data.source=builtin"
+    if bad.entries and set(bad.counts) <= SHAPE_REASONS:
+        return (
+            f"{source}: not a file of conversations: none of its {n_in} records is a ShareGPT "
+            f"or OpenAI conversation (first: {bad.entries[0].message}); expected a JSON array "
+            '(or JSONL) of {"conversations": [{"from": "human", "value": ...}, ...]} or '
+            '{"messages": [{"role": "user", "content": ...}, ...]} objects'
+        )
     if n_in == 0:
-        return (f"{source}: no conversation in it (empty); point data.path at a JSONL file "
-                "of conversations (OpenAI 'messages' or ShareGPT 'conversations')")
-    return (f"{source}: none of its {n_in} records is a usable conversation ({bad.summary()}); "
-            f"every one is listed in {report}")
+        return (
+            f"{source}: no conversation in it (empty); point data.path at a JSONL file "
+            "of conversations (OpenAI 'messages' or ShareGPT 'conversations')"
+        )
+    return (
+        f"{source}: none of its {n_in} records is a usable conversation ({bad.summary()}); "
+        f"every one is listed in {report}"
+    )
 
 
 def regenerate_cache_dir(cfg: Config) -> Path:
@@ -92,8 +113,9 @@ def target_content(cfg: Config, model_dir: Path) -> dict[str, Any]:
     return fingerprint_dir(model_dir, mode, Path(cfg.paths.cache) / "target_sha256.json")["files"]
 
 
-def make_backend(cfg: Config, spec: Any, model_dir: Path, tokenizer: Any, eot: list[int],
-                 server: Any = None) -> Any:
+def make_backend(
+    cfg: Config, spec: Any, model_dir: Path, tokenizer: Any, eot: list[int], server: Any = None
+) -> Any:
     """The regeneration backend; ``server``: the ``vllm serve`` this run started, if any
     (its per-run API key), else a server the user runs (key from ``api_key_env``)."""
     from eagle3_pipeline.data.regenerate_hf import HFBackend
@@ -104,18 +126,32 @@ def make_backend(cfg: Config, spec: Any, model_dir: Path, tokenizer: Any, eot: l
         cuda = cfg.hardware.device == "cuda"
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eot[0]
         return HFBackend(
-            model_dir, eot, pad, d.max_new_tokens, d.generate_batch_size,
-            device="cuda" if cuda else "cpu", dtype=cfg.model.dtype if cuda else "float32",
+            model_dir,
+            eot,
+            pad,
+            d.max_new_tokens,
+            d.generate_batch_size,
+            device="cuda" if cuda else "cpu",
+            dtype=cfg.model.dtype if cuda else "float32",
         )
     from eagle3_pipeline.serving.identity import expected_model
 
     s = d.server
-    expected = expected_model(f"{spec.name} ({model_dir})",
-                              (spec.name, model_dir, cfg.model.path, cfg.model.hub_id), tokenizer)
+    expected = expected_model(
+        f"{spec.name} ({model_dir})",
+        (spec.name, model_dir, cfg.model.path, cfg.model.hub_id),
+        tokenizer,
+    )
     api_key = server.api_key if server is not None else os.environ.get(s.api_key_env)
     return ServerBackend(
-        s.base_url, d.max_new_tokens, expected=expected, model=s.model, api_key=api_key,
-        concurrency=s.concurrency, timeout_s=s.timeout_s, retries=s.retries,
+        s.base_url,
+        d.max_new_tokens,
+        expected=expected,
+        model=s.model,
+        api_key=api_key,
+        concurrency=s.concurrency,
+        timeout_s=s.timeout_s,
+        retries=s.retries,
         temperature=s.temperature,
     )
 
@@ -132,9 +168,14 @@ def server_context(
     if cfg.data.regenerate_backend != "server" or not s.start:
         return contextlib.nullcontext()
     engine = build_engine(cfg, spec, model_dir, "regenerate")
-    return managed_server(engine, find_python(cfg.vllm.python), s.base_url,
-                          cfg.vllm.startup_timeout_s, cfg.vllm.shutdown_timeout_s,
-                          log_file(cfg, "regenerate"))
+    return managed_server(
+        engine,
+        find_python(cfg.vllm.python),
+        s.base_url,
+        cfg.vllm.startup_timeout_s,
+        cfg.vllm.shutdown_timeout_s,
+        log_file(cfg, "regenerate"),
+    )
 
 
 def prepare(cfg: Config, progress: bool = True) -> PrepareRecord:
@@ -142,18 +183,33 @@ def prepare(cfg: Config, progress: bool = True) -> PrepareRecord:
     check_data_config(cfg)
     d = cfg.data
     t0 = time.perf_counter()
+    source_file = None
+    if d.source == "file":  # first, before anything is written: a wrong pinned file
+        try:
+            source_file = data_file(d, Path(cfg.paths.cache))
+        except PinnedFileError as exc:
+            raise StageError(str(exc)) from None
     spec = load_target_spec(Path(cfg.paths.target) / "target.json")
     model_dir = Path(str(spec.path))
     tokenizer = load_tokenizer(model_dir, spec.trust_remote_code)
     eot = end_of_turn_ids(tokenizer, model_dir)
-
     convs, bad, n_in = load_conversations(d, cfg.seed, require_assistant=not d.regenerate)
     report = bad_lines_path(cfg)
     write_bad_lines(bad, report)
     bad.raise_if_failing(report)
     if not convs:
         raise StageError(no_conversation_message(d, n_in, bad, report))
-    held, train = select(convs, d.heldout_size, cfg.train.samples, cfg.seed)
+
+    def heldout_fits(conv: dict[str, Any]) -> bool:
+        """A held-out prompt leaves room for an answer of data.max_new_tokens within
+        data.max_seq_len (the target's window here): validation generates after it."""
+        msgs = conv["messages"]
+        first_user = next(i for i, m in enumerate(msgs) if m["role"] == "user")
+        context = strip_reasoning(msgs[: first_user + 1])
+        prompt = render_ids(tokenizer, context, generation_prompt=True)
+        return len(prompt) + d.max_new_tokens <= d.max_seq_len
+
+    held, train = select(convs, d.heldout_size, cfg.train.samples, cfg.seed, heldout_fits)
     held_text = heldout_jsonl(heldout_records(held, tokenizer))
 
     errors: Counter[str] = Counter(bad.counts)
@@ -167,7 +223,14 @@ def prepare(cfg: Config, progress: bool = True) -> PrepareRecord:
             key = {**backend.fingerprint(), "target": target_content(cfg, model_dir)}
             cache = GenerationCache(cache_path(regenerate_cache_dir(cfg), key))
             rows, stats = regenerate_rows(
-                train, backend, tokenizer, eot, d.max_seq_len, d.reasoning, cache, progress,
+                train,
+                backend,
+                tokenizer,
+                eot,
+                d.max_seq_len,
+                d.reasoning,
+                cache,
+                progress,
                 markers=reasoning_markers(cfg, model_dir),
             )
         errors.update(stats.errors)
@@ -191,6 +254,7 @@ def prepare(cfg: Config, progress: bool = True) -> PrepareRecord:
             r, e = recorded_rows(c, tokenizer, eot, d.reasoning)
             rows.extend(r)
             errors.update(e)
+    per_turn = turn_tokens(rows)
     final, drop, truncated = finalize_rows(rows, d.max_seq_len)
     dropped.update(drop)
     if not final:
@@ -223,4 +287,15 @@ def prepare(cfg: Config, progress: bool = True) -> PrepareRecord:
         reasoning=d.reasoning,
         regeneration=regen or None,
         wall_s=round(time.perf_counter() - t0, 3),
+        roles=str(d.roles),
+        turns_dropped=dict(sorted(bad.turns_dropped.items())),
+        truncated_tail=int(bad.truncated is not None),
+        truncated_tail_offset=bad.truncated.offset if bad.truncated else None,
+        truncated_tail_bytes=bad.truncated.bytes if bad.truncated else None,
+        train_sha256=conversation_set_sha256(train),
+        heldout_sha256=conversation_set_sha256(held),
+        license=d.license,
+        data_sha256=source_file.sha256 if source_file else None,
+        pinned=source_file.pinned if source_file else None,
+        turns=[asdict(t) for t in per_turn],
     )

@@ -8,7 +8,7 @@ the source's records before any tokenizer runs.)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from eagle3_pipeline.core.records import Record, headline, optional
@@ -37,3 +37,34 @@ class PrepareRecord(Record):
     reasoning: str  # data.reasoning
     regeneration: dict[str, Any] | None = optional()  # the regeneration's counts and cache
     wall_s: float  # the stage's own time
+    # What the draft was trained on (fields with defaults: earlier files stay readable).
+    roles: str = "any"  # data.roles: the role rule applied
+    # turns cut from conversations that were used, per reason (data.roles=eagle)
+    turns_dropped: dict[str, int] = field(default_factory=dict)
+    # 1 when the data file ends inside a record (a JSON array published cut): that record
+    # is skipped and counted in errors (truncated_tail), never silently dropped
+    truncated_tail: int = 0
+    truncated_tail_offset: int | None = optional()  # the cut record's first byte
+    truncated_tail_bytes: int | None = optional()  # the bytes left unread after it
+    # SHA-256 of the training / held-out conversations' content (see
+    # data.conversations.conversation_set_sha256): which conversations, not just how many
+    train_sha256: str | None = optional()
+    heldout_sha256: str | None = optional()
+    license: str | None = optional()  # data.license, as the data's publisher states it
+    data_sha256: str | None = optional()  # the data file's SHA-256 (data.source=file)
+    pinned: str | None = optional()  # package==version of a pinned data file
+    # per assistant turn (0 = each conversation's first answer): rows and mean tokens of
+    # context and of answer before truncation (TurnTokens), regenerated or recorded
+    turns: list[dict[str, Any]] | None = optional()
+
+
+@dataclass(frozen=True)
+class TurnTokens:
+    """Token counts of one assistant-turn position over the training rows: how long
+    contexts grow with the target's own earlier answers in them, and how long it answers."""
+
+    turn: int  # 0 = the first answer of each conversation
+    rows: int
+    mean_prompt_tokens: float
+    mean_completion_tokens: float
+    max_prompt_tokens: int

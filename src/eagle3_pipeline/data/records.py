@@ -11,10 +11,16 @@ lines), so preflight and the plan can afford it; a Hugging Face dataset is not c
 from __future__ import annotations
 
 import json
+import mmap
 from pathlib import Path
 
 from eagle3_pipeline.core.config import DataConfig
-from eagle3_pipeline.data.conversations import document_records, is_json_document
+from eagle3_pipeline.data.conversations import (
+    document_records,
+    first_byte,
+    is_json_document,
+    json_array_spans,
+)
 
 
 def count_records(data: DataConfig, seed: int) -> int | None:
@@ -29,16 +35,20 @@ def count_records(data: DataConfig, seed: int) -> int | None:
         return None
     path = Path(str(data.path))
     try:
-        raw = path.read_bytes()
+        if is_json_document(path):
+            if first_byte(path) != b"[":  # an object holding a list: small, parsed whole
+                try:
+                    doc = document_records(json.loads(path.read_bytes()))
+                except (ValueError, UnicodeDecodeError):
+                    return 0
+                return len(doc) if isinstance(doc, list) else 0
+            # an array: its complete records (a truncated tail is not one), not parsed
+            with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+                return sum(1 for _ in json_array_spans(buf, None, path))
+        with open(path, "rb") as fh:
+            return sum(1 for line in fh if line.strip())
     except OSError:
         return None
-    if is_json_document(path, raw):
-        try:
-            doc = document_records(json.loads(raw))
-        except (ValueError, UnicodeDecodeError):
-            return 0
-        return len(doc) if isinstance(doc, list) else 0
-    return sum(1 for line in raw.splitlines() if line.strip())
 
 
 def selectable_samples(data: DataConfig, samples: int, seed: int) -> tuple[int, str]:

@@ -14,10 +14,13 @@ turn-by-turn loop; the backends generate:
 - ``server`` (:mod:`~eagle3_pipeline.data.regenerate_server`): an OpenAI-compatible
   chat-completions server that returns token ids (vLLM), optionally started for the run.
 
-Resume: every generation is appended to a JSONL cache keyed by a fingerprint of the
-target and the generation settings plus a hash of the request's messages; a rerun after
-a crash (or a larger ``train.samples``, whose conversations extend the smaller run's)
-only generates what is missing.
+Resume: every generation is appended to a JSONL cache. Its file is named by a
+fingerprint of the target (config, tokenizer and chat template by content, so the
+rendering is covered; the weights as ``model.fingerprint`` says) and the generation
+settings; each entry is keyed by a hash of the request's messages, i.e. the conversation
+so far with the target's own earlier answers in it. So another conversation set only adds
+entries, and a rerun after a crash (or a larger ``train.samples``, whose conversations
+extend the smaller run's) only generates what is missing.
 """
 
 from __future__ import annotations
@@ -219,9 +222,17 @@ class _Rounds:
     """The state of one regeneration: each conversation's history so far, its rows, and
     which conversations still have a turn to generate. One round = one turn of each."""
 
-    def __init__(self, convs: list[dict[str, Any]], backend: Backend, tokenizer: Any,
-                 eot_ids: list[int], max_seq_len: int, think: ReasoningMarkers,
-                 cache: GenerationCache, progress: bool) -> None:
+    def __init__(
+        self,
+        convs: list[dict[str, Any]],
+        backend: Backend,
+        tokenizer: Any,
+        eot_ids: list[int],
+        max_seq_len: int,
+        think: ReasoningMarkers,
+        cache: GenerationCache,
+        progress: bool,
+    ) -> None:
         from tqdm import tqdm
 
         self.convs, self.backend, self.tokenizer = convs, backend, tokenizer
@@ -231,15 +242,19 @@ class _Rounds:
         self.history = [list(lead) for lead, _ in self.plans]
         self.rows: list[list[Row]] = [[] for _ in convs]
         self.bar = tqdm(
-            total=sum(len(s) for _, s in self.plans), desc=f"regenerate ({backend.name})",
-            unit="turn", disable=not progress, mininterval=1.0,
+            total=sum(len(s) for _, s in self.plans),
+            desc=f"regenerate ({backend.name})",
+            unit="turn",
+            disable=not progress,
+            mininterval=1.0,
         )
 
     def first(self) -> list[int]:
         return [i for i, (_, segs) in enumerate(self.plans) if segs]
 
-    def requests(self, rnd: int, active: list[int]) -> tuple[list[tuple[int, Request]],
-                                                             dict[int, Result]]:
+    def requests(
+        self, rnd: int, active: list[int]
+    ) -> tuple[list[tuple[int, Request]], dict[int, Result]]:
         """Turn ``rnd`` of each active conversation: answered from the cache, dropped when
         its context already fills ``max_seq_len`` (nothing left to supervise), or a request."""
         pending: list[tuple[int, Request]] = []
@@ -278,14 +293,20 @@ class _Rounds:
         for i, res in sorted(results.items()):
             if isinstance(res, Failure):
                 self.stats.errors[f"regenerate_{res.reason}"] += 1
-                log.warning("%s turn %d: generation failed: %s", self.convs[i]["id"], rnd,
-                            res.message)
+                log.warning(
+                    "%s turn %d: generation failed: %s", self.convs[i]["id"], rnd, res.message
+                )
                 continue
             self.stats.generated_tokens += len(res.token_ids)
-            self.stats.unfinished_turns += not (res.token_ids
-                                                and res.token_ids[-1] in self.eot_ids)
+            self.stats.unfinished_turns += not (res.token_ids and res.token_ids[-1] in self.eot_ids)
             self.rows[i].append(
-                Row(self.convs[i]["id"], rnd, res.prompt_ids, self.think.supervised(res.token_ids))
+                Row(
+                    self.convs[i]["id"],
+                    rnd,
+                    res.prompt_ids,
+                    self.think.supervised(res.token_ids),
+                    answer=rnd,
+                )
             )
             self.history[i] = self.history[i] + [self.think.message(res.token_ids, self.eot_ids)]
             if rnd + 1 < len(self.plans[i][1]):

@@ -75,15 +75,20 @@ class ServerBackend:
         if self._client is None:
             from openai import OpenAI
 
-            self._client = OpenAI(base_url=self.base_url, api_key=self.api_key or "EMPTY",
-                                  timeout=self.timeout_s, max_retries=0)
+            self._client = OpenAI(
+                base_url=self.base_url,
+                api_key=self.api_key or "EMPTY",
+                timeout=self.timeout_s,
+                max_retries=0,
+            )
         return self._client
 
     def verify(self, expected: ExpectedModel, model: str | None) -> str:
         """The served model id to use, once the server is shown to serve the target."""
         try:
-            return verify_server(self.base_url, self.api_key, expected, model=model,
-                                 where="data.server.base_url")
+            return verify_server(
+                self.base_url, self.api_key, expected, model=model, where="data.server.base_url"
+            )
         except ServerUnreachable as exc:
             raise ServerUnavailable(f"{exc}; is the server up?") from None
 
@@ -98,7 +103,9 @@ class ServerBackend:
 
     def _complete(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
         resp = self.client.chat.completions.create(
-            model=self.model, messages=messages, max_tokens=self.max_new_tokens,
+            model=self.model,
+            messages=messages,
+            max_tokens=self.max_new_tokens,
             temperature=self.temperature,
             # vLLM: prompt_token_ids + choices[].token_ids
             extra_body={"return_token_ids": True, "skip_special_tokens": False},
@@ -161,8 +168,12 @@ def parse_completion(data: Any) -> Result:
 
 @contextlib.contextmanager
 def managed_server(
-    engine: Any, python: str | Path, base_url: str, startup_timeout_s: float,
-    shutdown_timeout_s: float, log_path: Path,
+    engine: Any,
+    python: str | Path,
+    base_url: str,
+    startup_timeout_s: float,
+    shutdown_timeout_s: float,
+    log_path: Path,
 ) -> Iterator[VllmServer]:
     """Serve ``engine`` (an :class:`~eagle3_pipeline.serving.engine.Engine`) with the vLLM
     environment's ``python`` at ``base_url``'s port, wait until ``base_url/models``
@@ -171,8 +182,14 @@ def managed_server(
     The server's ``api_key`` is what the client must send."""
     url = urlparse(base_url)
     server = engine_server(
-        engine, python, url.port or 8000, log_path, startup_timeout_s, shutdown_timeout_s,
-        port_key="data.server.port", health_path=url.path.rstrip("/") + "/models",
+        engine,
+        python,
+        url.port or 8000,
+        log_path,
+        startup_timeout_s,
+        shutdown_timeout_s,
+        port_key="data.server.port",
+        health_path=url.path.rstrip("/") + "/models",
         error=ServerUnavailable,
     )
     with server:

@@ -23,6 +23,8 @@ from typing import Any
 FIGURES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("acceptance length", "validate/metrics.json", ("acceptance_length",)),
     ("vLLM speedup", "validate/metrics.json", ("vllm_speedup",)),
+    ("MT-Bench", "validate/metrics.json", ("acceptance_by_set", "mt_bench")),
+    ("HumanEval", "validate/metrics.json", ("acceptance_by_set", "humaneval")),
     ("val loss", "train/metrics.json", ("val", "loss")),
     ("best K", "validate/metrics.json", ("vllm_best_k",)),  # with validate.k_sweep
     ("best-K speedup", "validate/metrics.json", ("vllm_best_k_speedup",)),

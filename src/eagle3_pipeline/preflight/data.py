@@ -8,7 +8,8 @@ which runs on every ``dvc repro``, writes ``paths.data_fingerprint`` -- the file
 and SHA-256, read once and then remembered by path, size, mtime and inode under
 ``paths.cache`` -- and prepare depends on that small file.
 
-A missing file is a config error found here, before the target is built.
+A missing file is a config error found here, before the target is built; so is a file
+whose SHA-256 is not ``data.pinned.sha256`` (:mod:`eagle3_pipeline.data.pinned`).
 """
 
 from __future__ import annotations
@@ -18,10 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.core.config import Config
+from eagle3_pipeline.data.pinned import PinnedFileError, data_file
 from eagle3_pipeline.preflight.result import Check
-from eagle3_pipeline.targets.fingerprint import HashCache
-
-HASH_CACHE = "data_sha256.json"  # under paths.cache
 
 
 def check_data_file(cfg: Config) -> tuple[Check, dict[str, Any]]:
@@ -39,7 +38,7 @@ def check_data_file(cfg: Config) -> tuple[Check, dict[str, Any]]:
             {"source": source, "path": d.path, "split": d.split},
         )
     path = Path(str(d.path))
-    if not path.is_file():
+    if not path.is_file() and d.pinned is None:
         return (
             Check(
                 "data",
@@ -52,11 +51,15 @@ def check_data_file(cfg: Config) -> tuple[Check, dict[str, Any]]:
             ),
             {"source": source, "path": str(d.path), "missing": True},
         )
-    cache = HashCache(Path(cfg.paths.cache) / HASH_CACHE)
-    st = path.stat()
-    digest = cache.sha256(path, st)
-    cache.save()
+    try:
+        f = data_file(d, Path(cfg.paths.cache))
+    except PinnedFileError as exc:
+        return (
+            Check("data", False, "not the pinned file", [str(exc)]),
+            {"source": source, "path": str(d.path), "refused": True},
+        )
+    pinned = f", pinned {f.pinned}" if f.pinned else ""
     return (
-        Check("data", True, f"{path}: {st.st_size:,} bytes, sha256 {digest[:12]}"),
-        {"source": source, "path": str(path.resolve()), "size": st.st_size, "sha256": digest},
+        Check("data", True, f"{path}: {f.size:,} bytes, sha256 {f.sha256[:12]}{pinned}"),
+        {"source": source, "path": str(path.resolve()), "size": f.size, "sha256": f.sha256},
     )

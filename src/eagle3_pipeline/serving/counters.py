@@ -48,3 +48,17 @@ def counter_delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, An
     b = b + [0] * (len(a) - len(b))
     out["accepted_per_pos"] = [x - y for x, y in zip(a, b, strict=False)]
     return out
+
+
+def add_counters(total: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
+    """The sum of two counter differences (``{}`` is zero)."""
+    if not total:
+        return dict(more)
+    if not more:
+        return dict(total)
+    out = {k: total.get(k, 0) + more.get(k, 0) for k in COUNTERS.values()}
+    a, b = total.get("accepted_per_pos", []), more.get("accepted_per_pos", [])
+    n = max(len(a), len(b))
+    a, b = a + [0] * (n - len(a)), b + [0] * (n - len(b))
+    out["accepted_per_pos"] = [x + y for x, y in zip(a, b, strict=True)]
+    return out

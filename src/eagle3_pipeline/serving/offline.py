@@ -37,9 +37,11 @@ def run_offline(
     stop_token_ids: Sequence[int],
     log_file: str | Path,
     timeout_s: float = 3600.0,
+    labels: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Greedy, one prompt at a time; returns the worker's result (outputs, counters,
-    tokens/s) plus ``run_s``, the whole process's wall time."""
+    tokens/s; with ``labels``, one per prompt, the counters summed per label too) plus
+    ``run_s``, the whole process's wall time."""
     log_path = Path(log_file)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     job: dict[str, Any] = {
@@ -48,6 +50,8 @@ def run_offline(
         "max_tokens": int(max_tokens),
         "stop_token_ids": [int(t) for t in stop_token_ids],
     }
+    if labels is not None:
+        job["labels"] = list(labels)
     with tempfile.TemporaryDirectory(prefix="eagle3-vllm-") as tmp:
         job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "out.json"
         job_path.write_text(json.dumps(job), encoding="utf-8")

@@ -10,7 +10,10 @@ arguments, the prompts (token ids), ``max_tokens`` and the stop token ids. Promp
 generated one at a time (a single stream: the latency a user of one chat sees, and what
 the speculative-decoding speedup is defined on) after one warm-up request. The result
 holds each prompt's output token ids, the wall time, and the difference of vLLM's own
-``vllm:spec_decode_*`` counters (``LLM.get_metrics()``) over the timed requests.
+``vllm:spec_decode_*`` counters (``LLM.get_metrics()``) over the timed requests. With
+``labels`` (one per prompt: its prompt set, category and turn) the counters are also read
+after every prompt and summed per label (``group_counters``), so each prompt set and
+category gets vLLM's own figures from one engine.
 """
 
 from __future__ import annotations
@@ -21,7 +24,13 @@ import sys
 import time
 from typing import Any
 
-from eagle3_pipeline.serving.counters import COUNTERS, PER_POS, generation_run
+from eagle3_pipeline.serving.counters import (
+    COUNTERS,
+    PER_POS,
+    add_counters,
+    counter_delta,
+    generation_run,
+)
 
 
 def counters(metrics: list[Any]) -> dict[str, Any]:
@@ -62,16 +71,26 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
             SamplingParams(temperature=0.0, max_tokens=4, detokenize=False),
             use_tqdm=False,
         )
+    labels: list[str] | None = job.get("labels")
     before = counters(llm.get_metrics())
     outputs: list[list[int]] = []
     latencies: list[float] = []
+    groups: dict[str, dict[str, Any]] = {}
+    last = before
+    reading = 0.0  # time spent reading counters between prompts: not generation
     g0 = time.perf_counter()
-    for prompt in prompts:
+    for i, prompt in enumerate(prompts):
         s0 = time.perf_counter()
         res = llm.generate([prompt], params, use_tqdm=False)
         latencies.append(time.perf_counter() - s0)
         outputs.append([int(t) for t in res[0].outputs[0].token_ids])
-    wall = time.perf_counter() - g0
+        if labels is not None:
+            m0 = time.perf_counter()
+            now = counters(llm.get_metrics())
+            groups[labels[i]] = add_counters(groups.get(labels[i], {}), counter_delta(now, last))
+            last = now
+            reading += time.perf_counter() - m0
+    wall = time.perf_counter() - g0 - reading
     after = counters(llm.get_metrics())
     return generation_run(
         outputs,
@@ -82,6 +101,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         import_s=import_s,
         load_s=load_s,
         env={k: v for k, v in os.environ.items() if k.startswith("VLLM_")},
+        **({"group_counters": groups} if labels is not None else {}),
     )
 
 

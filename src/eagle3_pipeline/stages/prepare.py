@@ -48,6 +48,21 @@ def run(cfg: Config, progress: bool = True) -> None:
         record.rows_dropped,
         record.errors,
     )
+    log.info(
+        "training set sha256 %s, held-out set sha256 %s; data licence: %s%s",
+        record.train_sha256,
+        record.heldout_sha256,
+        record.license,
+        f"; pinned {record.pinned}" if record.pinned else "",
+    )
+    if record.truncated_tail:
+        log.warning(
+            "the data file is truncated: its last record (from byte %s, %s bytes) was cut "
+            "and is not used (truncated_tail in %s)",
+            record.truncated_tail_offset,
+            record.truncated_tail_bytes,
+            details_path(cfg, "prepare"),
+        )
 
 
 def main(argv: list[str] | None = None) -> None:

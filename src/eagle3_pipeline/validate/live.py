@@ -28,6 +28,10 @@ def write_live(directory: Path, record: ValidateRecord, png: bytes) -> dict[str,
             live.log_metric(key, value, plot=False)
         elif isinstance(value, bool):
             live.summary[key] = value  # dvclive logs numbers; a verdict stays a boolean
+        elif isinstance(value, dict):  # per prompt set: acceptance_by_set/mt_bench
+            for name, x in value.items():
+                if isinstance(x, (int, float)) and not isinstance(x, bool):
+                    live.log_metric(f"{key}/{name}", x, plot=False)
     # the evaluator's rates (vLLM's agree within validate.vllm_agreement_tol, checked by
     # the stage; both lists stay in the details)
     points = [

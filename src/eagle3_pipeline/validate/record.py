@@ -38,6 +38,14 @@ class ValidateRecord(Record):
     divergences: list[dict[str, Any]]  # where it was not: prompt, position, top-2 margin
     device: str  # where our decoder ran
     dtype: str  # in which dtype
+    # The prompt sets measured (validate.prompt_sets); the figures above pool them all.
+    prompt_sets: list[str] = optional()
+    # Acceptance length per prompt set: vLLM's counters' with validate.vllm, else ours
+    # (1 + accepted / drafts, vLLM's definition); K above, temperature 0, one stream.
+    acceptance_by_set: dict[str, float | None] | None = optional(headline=True)
+    # Per set: ours and vLLM's figures, per-position rates, per turn (MT-Bench's two)
+    # and per category (MT-Bench's eight) -- see validate/by_set.py
+    sets: dict[str, Any] | None = optional()
     # validate.vllm: target + draft and target alone in real vLLM
     vllm_acceptance_length: float | None = optional()  # from vLLM's spec-decode counters
     vllm_per_position_rate: list[float | None] | None = optional()  # vLLM's per position

@@ -52,6 +52,101 @@ def acceptance_png(acc: dict[str, Any], title: str) -> bytes:
     return buf.getvalue()
 
 
+def sets_png(sets: dict[str, dict[str, Any]], k: int, title: str) -> bytes:
+    """Per-position acceptance rate (share of verification steps), one bar group per
+    prompt set: vLLM's counters where vLLM ran, else ours."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(sets)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.8 / max(1, len(names))
+    for j, name in enumerate(names):
+        f = sets[name]
+        rates = (f.get("vllm") or {}).get("per_position_rate") or f["ours"]["per_position_rate"]
+        rates = [r if r is not None else 0.0 for r in rates][:k]
+        xs = [i + 1 - 0.4 + width * (j + 0.5) for i in range(len(rates))]
+        ax.bar(xs, rates, width, label=f"{name} ({_fmt(_set_length(f))})")
+    ax.set_xticks(list(range(1, k + 1)))
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("accepted / verification steps")
+    ax.set_ylim(0, 1)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, title="prompt set (acceptance length)", title_fontsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _set_length(f: dict[str, Any]) -> float | None:
+    v = f.get("vllm")
+    return v["mean_acceptance_length"] if v else f["ours"]["vllm_style_acceptance_length"]
+
+
+def _set_row(label: str, f: dict[str, Any], prompts: int | str) -> str:
+    v = f.get("vllm") or {}
+    rates = v.get("per_position_rate") or f["ours"]["per_position_rate"]
+    return (
+        f"| {label} | {prompts} | **{_fmt(v.get('mean_acceptance_length'))}** | "
+        f"{_fmt(f['ours']['vllm_style_acceptance_length'])} | "
+        f"{_fmt(f['ours']['acceptance_length'])} | "
+        f"{' / '.join(_fmt(r) for r in rates)} |"
+    )
+
+
+def sets_lines(sets: dict[str, dict[str, Any]], k: int, max_new_tokens: int) -> list[str]:
+    """The per-set table (and MT-Bench's per-turn and per-category rows)."""
+    lines = [
+        f"Every figure at K={k}, temperature 0 (greedy), one request at a time (concurrency "
+        f"1), at most {max_new_tokens} new tokens per prompt. vLLM: 1 + accepted/drafts "
+        "from its spec-decode counters; ours: the same definition from our decoder, and "
+        "tokens per verification step (end effects included).",
+        "",
+        "| prompt set | prompts decoded | vLLM | ours (vLLM-style) | ours (per step) | "
+        "per position (rate of steps) |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for name, f in sets.items():
+        lines.append(_set_row(name, f, f["ours"]["prompts"]))
+        for t, tf in (f.get("turns") or {}).items():
+            lines.append(_set_row(f"{name}, turn {t}", tf, tf["ours"]["prompts"]))
+    for name, f in sets.items():
+        cats = f.get("categories")
+        if not cats:
+            continue
+        lines += [
+            "",
+            f"{name} per category ({f['questions']} questions, every turn):",
+            "",
+            "| category | prompts decoded | vLLM | ours (vLLM-style) | ours (per step) | "
+            "per position |",
+            "|---|---:|---:|---:|---:|---|",
+        ]
+        lines += [_set_row(c, cf, cf["ours"]["prompts"]) for c, cf in cats.items()]
+    lines += ["", "Sets:", ""]
+    lines += [f"- `{name}`: {f['description']}" for name, f in sets.items()]
+    if "mt_bench" in sets:
+        from eagle3_pipeline.validate.prompt_sets import MT_BENCH_PROTOCOL
+
+        full = sets["mt_bench"]["questions"] == 80 and max_new_tokens == 256 and k == 3
+        lines.append(
+            f"- MT-Bench here: {sets['mt_bench']['questions']} of 80 questions x "
+            f"{max_new_tokens} new tokens, K={k}, temperature 0"
+            + (
+                f": the full protocol, {MT_BENCH_PROTOCOL}."
+                if full
+                else f"; the full protocol ({MT_BENCH_PROTOCOL}) is "
+                "`-S validate.num_prompts=null -S validate.max_new_tokens=256 -S validate.k=3`."
+            )
+        )
+    lines += ["", "![per-position acceptance per prompt set](acceptance_by_set.png)"]
+    return lines
+
+
 def _acceptance_table(acc: dict[str, Any]) -> list[str]:
     lines = [
         "| position | accepted | rate (of steps) | conditional rate |",
@@ -94,7 +189,7 @@ def markdown_report(m: dict[str, Any]) -> str:
         "## Acceptance length",
         "",
         f"**{_fmt(acc['acceptance_length'])} tokens per target step** at K={acc['k']} "
-        f"(chained greedy speculative decoding, {acc['prompts']} held-out prompts, "
+        f"(chained greedy speculative decoding, {acc['prompts']} prompts of every set, "
         f"at most {acc['max_new_tokens']} new tokens each, {acc['tokens']} tokens generated, "
         f"{acc['steps']} verification forwards; the prefill is excluded). vLLM-style "
         f"1 + accepted/drafts: {_fmt(acc['vllm_style_acceptance_length'])}.",
@@ -103,6 +198,13 @@ def markdown_report(m: dict[str, Any]) -> str:
         "",
         "![per-position acceptance](acceptance.png)",
     ]
+    if m.get("sets"):
+        lines[lines.index("## Acceptance length") : lines.index("## Acceptance length")] = [
+            "## Acceptance length per prompt set",
+            "",
+            *sets_lines(m["sets"], acc["k"], acc["max_new_tokens"]),
+            "",
+        ]
     v = m.get("vllm")
     if v:
         lines += ["", "## In vLLM", "", *_vllm_lines(v)]
@@ -188,13 +290,18 @@ def model_card(m: dict[str, Any]) -> str:
         "",
         f"**{_fmt(acc['acceptance_length'])}** tokens per target forward at K={acc['k']}, "
         f"measured by chained greedy speculative decoding against the target on "
-        f"{acc['prompts']} held-out prompts never trained on (at most "
+        f"{acc['prompts']} prompts never trained on (at most "
         f"{acc['max_new_tokens']} new tokens each, {acc['tokens']} tokens, {acc['steps']} "
         f"verification forwards, prefill excluded; {m['dtype']} on {m['device']}). "
         f"Per-position acceptance rates: "
         f"{[_fmt(r) for r in acc['per_position_rate']]}. "
         f"Output identical to the target's greedy decoding: {_fmt(acc['lossless'])}.",
     ]
+    for name, f in (m.get("sets") or {}).items():
+        lines.append(
+            f"- {name} ({f['ours']['prompts']} prompts): {_fmt(_set_length(f))} "
+            f"({'vLLM counters' if f.get('vllm') else 'our decoder'}, K={acc['k']}, T=0)"
+        )
     v = m.get("vllm")
     if v:
         lines.append(
@@ -229,8 +336,13 @@ def validation_files(m: dict[str, Any]) -> dict[str, bytes]:
         f"{m['target']['name']}: acceptance length {acc['acceptance_length'] or 0:.2f} "
         f"at K={acc['k']}"
     )
-    return {
+    files = {
         "report.md": markdown_report(m).encode("utf-8"),
         "README.md": model_card(m).encode("utf-8"),
         "acceptance.png": acceptance_png(acc, title),
     }
+    if m.get("sets"):
+        files["acceptance_by_set.png"] = sets_png(
+            m["sets"], acc["k"], f"{m['target']['name']}: acceptance per prompt set, K={acc['k']}"
+        )
+    return files

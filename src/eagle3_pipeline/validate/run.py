@@ -18,6 +18,9 @@ from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.core.errors import StageError
 from eagle3_pipeline.core.metrics import details_path
 from eagle3_pipeline.core.portable import portable
+from eagle3_pipeline.validate.acceptance import Prompt
+from eagle3_pipeline.validate.by_set import figures_by_set, headline_by_set
+from eagle3_pipeline.validate.prompt_sets import EvalPrompt
 from eagle3_pipeline.validate.record import ValidateRecord
 
 log = logging.getLogger(__name__)
@@ -96,43 +99,73 @@ def check_checkpoint(draft_dir: Path, spec: Any) -> dict[str, Any]:
     }
 
 
+def load_tokenizer(spec: Any) -> Any:
+    """The target's tokenizer (it renders the benchmark prompts and MT-Bench's turn 2)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(
+        str(spec.path or spec.hub_id), trust_remote_code=bool(spec.trust_remote_code)
+    )
+
+
 def measure_acceptance(
     cfg: Config, spec: Any, draft_dir: Path, prompts_path: Path, k: int, device: str, dtype: str
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], list[EvalPrompt], list[Any]]:
+    """Our evaluator on every prompt set: the first turns, then (MT-Bench) the second turns
+    asked after the target's own first answers. Returns the pooled result, the prompts
+    decoded (first turns, then second turns) and each one's result."""
     import torch
 
     from eagle3_pipeline.compat.speculators import load_draft
-    from eagle3_pipeline.validate.acceptance import SpeculatorsDraft, Target, load_prompts, measure
+    from eagle3_pipeline.validate.acceptance import SpeculatorsDraft, Target, measure, pool
+    from eagle3_pipeline.validate.prompt_sets import load_first_turns, second_turns
 
     v = cfg.validate
-    prompts = load_prompts(prompts_path, spec.vocab_size)
-    if v.num_prompts is not None:
-        prompts = prompts[: v.num_prompts]
+    names = [str(getattr(s, "value", s)) for s in v.prompt_sets]
+    tokenizer = load_tokenizer(spec) if names != ["heldout"] else None
+    first = load_first_turns(
+        names, prompts_path, tokenizer, v.num_prompts, cfg.seed, spec.vocab_size
+    )
+    stops = stop_token_ids(spec.path)
     target = Target.load(spec, dtype, device, cfg.hardware.gpu_count)
     try:
         model = load_draft(draft_dir, spec.path, attn_implementation="sdpa", device=device)
         draft = SpeculatorsDraft(model, device=target.device, dtype=getattr(torch, dtype))
-        result, _ = measure(
-            target,
-            draft,
-            prompts,
-            k,
-            v.max_new_tokens,
-            stop_token_ids(spec.path),
-            check_lossless=True,
-            progress=True,
-            kv_cache=v.kv_cache,
-        )
+
+        def decode(prompts: list[EvalPrompt]) -> list[Any]:
+            _, results = measure(
+                target,
+                draft,
+                [Prompt(p.id, p.prompt_ids) for p in prompts],
+                k,
+                v.max_new_tokens,
+                stops,
+                check_lossless=True,
+                progress=True,
+                kv_cache=v.kv_cache,
+            )
+            return results
+
+        results = decode(first)
+        prompts = list(first)
+        pending = [p for p in first if p.next_questions]
+        while pending:  # MT-Bench: each next turn after the target's own answer
+            answers = {id(p): r.tokens for p, r in zip(prompts, results, strict=True)}
+            nxt = second_turns(pending, [answers[id(p)] for p in pending], tokenizer, set(stops))
+            log.info("%d next-turn prompts after the target's own answers", len(nxt))
+            results += decode(nxt)
+            prompts += nxt
+            pending = [p for p in nxt if p.next_questions]
     finally:
         target.close()
-    return result.to_dict()
+    return pool(results, k, v.max_new_tokens).to_dict(), prompts, results
 
 
 def measure_vllm(
     cfg: Config,
     spec: Any,
     draft_dir: Path,
-    prompts_path: Path,
+    prompts: list[EvalPrompt],
     k: int,
     dtype: str,
     ours: dict[str, Any],
@@ -141,14 +174,11 @@ def measure_vllm(
     from eagle3_pipeline.serving.engine import build_engine, log_file
     from eagle3_pipeline.serving.env import VllmEnvError, find_python
     from eagle3_pipeline.serving.offline import VllmRunError, run_offline
-    from eagle3_pipeline.validate.acceptance import load_prompts
     from eagle3_pipeline.validate.vllm import VllmError, compare, k_sweep_figures, run_served
 
     v = cfg.validate
-    prompts = load_prompts(prompts_path, spec.vocab_size)
-    if v.num_prompts is not None:
-        prompts = prompts[: v.num_prompts]
     ids = [p.prompt_ids for p in prompts]
+    labels = [p.group for p in prompts]
     stops = stop_token_ids(spec.path)
     model = spec.path or spec.hub_id
     engines = {
@@ -172,6 +202,7 @@ def measure_vllm(
                     stops,
                     log_path,
                     timeout_s=cfg.vllm.startup_timeout_s + 3600,
+                    labels=labels,
                 )
             else:
                 res = run_served(
@@ -185,6 +216,7 @@ def measure_vllm(
                     cfg.vllm.startup_timeout_s,
                     cfg.vllm.shutdown_timeout_s,
                     v.server.concurrency,
+                    labels=labels,
                 )
             log.info(
                 "vLLM %s: %d tokens at %.1f tokens/s (engine ready in %.0f s)",
@@ -198,6 +230,7 @@ def measure_vllm(
         for name, engine in engines.items():
             runs[name] = run(name, engine)
         out = compare(ours, runs["with_draft"], runs["without_draft"], k)
+        out["group_counters"] = runs["with_draft"].get("group_counters", {})
         if v.k_sweep:  # the same draft at each K; the same run without it as the baseline
             sweep = {k: runs["with_draft"]}
             for kk in sorted(set(v.k_sweep) - {k}):
@@ -243,6 +276,22 @@ def check_vllm_agreement(vllm: dict[str, Any], dtype: str, cfg: Config) -> None:
         )
 
 
+def check_set_agreement(sets: dict[str, dict[str, Any]], dtype: str, cfg: Config) -> None:
+    """In float32 each prompt set's vLLM acceptance length must equal ours too."""
+    if dtype != "float32":
+        return
+    tol = cfg.validate.vllm_agreement_tol
+    for name, fig in sets.items():
+        diff = fig.get("acceptance_length_diff")
+        if diff is not None and abs(diff) > tol:
+            raise StageError(
+                f"prompt set {name}: vLLM's acceptance length "
+                f"{_fmt(fig['vllm']['mean_acceptance_length'])} differs from ours "
+                f"{_fmt(fig['ours']['vllm_style_acceptance_length'])} by more than "
+                f"validate.vllm_agreement_tol={tol}"
+            )
+
+
 def validate_draft(cfg: Config, device: str, dtype: str) -> tuple[ValidateRecord, dict[str, Any]]:
     """Check and measure the draft (``device``/``dtype`` from :func:`runtime`); return
     ``(record, context)``: the record for ``paths.details``/validate.json, context for the
@@ -260,7 +309,9 @@ def validate_draft(cfg: Config, device: str, dtype: str) -> tuple[ValidateRecord
 
     checkpoint = check_checkpoint(p["draft"], spec)
     k = cfg.validate.k or int(checkpoint["speculative_tokens"])
-    acc = measure_acceptance(cfg, spec, p["draft"], p["prompts"], k, device, dtype)
+    acc, prompts, results = measure_acceptance(
+        cfg, spec, p["draft"], p["prompts"], k, device, dtype
+    )
     if acc["lossless"] is False and dtype == "float32" and cfg.validate.require_lossless:
         d = acc["divergences"][0]
         raise StageError(
@@ -270,7 +321,7 @@ def validate_draft(cfg: Config, device: str, dtype: str) -> tuple[ValidateRecord
         )
     vllm = None
     if cfg.validate.vllm:
-        vllm = measure_vllm(cfg, spec, p["draft"], p["prompts"], k, dtype, acc)
+        vllm = measure_vllm(cfg, spec, p["draft"], prompts, k, dtype, acc)
         log.info(
             "vLLM: acceptance length %s (ours %s), lossless %s, %.1f -> %.1f tokens/s "
             "(speedup %.2fx)",
@@ -282,6 +333,26 @@ def validate_draft(cfg: Config, device: str, dtype: str) -> tuple[ValidateRecord
             vllm["speedup"] or 0.0,
         )
         check_vllm_agreement(vllm, dtype, cfg)
+    sets = figures_by_set(
+        prompts,
+        results,
+        k,
+        cfg.validate.max_new_tokens,
+        None if vllm is None else vllm.pop("group_counters"),
+    )
+    for name, fig in sets.items():
+        log.info(
+            "prompt set %s (%d questions, %d prompts decoded): acceptance length %s in vLLM, "
+            "%s ours (K=%d, T=0, concurrency 1)",
+            name,
+            fig["questions"],
+            fig["ours"]["prompts"],
+            _fmt(fig.get("vllm", {}).get("mean_acceptance_length")),
+            _fmt(fig["ours"]["vllm_style_acceptance_length"]),
+            k,
+        )
+    if vllm is not None:
+        check_set_agreement(sets, dtype, cfg)
 
     in_vllm: dict[str, Any] = (
         {}
@@ -317,6 +388,9 @@ def validate_draft(cfg: Config, device: str, dtype: str) -> tuple[ValidateRecord
         divergences=acc["divergences"],
         device=device,
         dtype=dtype,
+        prompt_sets=list(sets),
+        acceptance_by_set=headline_by_set(sets),
+        sets=sets,
         **in_vllm,
     )
     context = {
@@ -331,6 +405,7 @@ def validate_draft(cfg: Config, device: str, dtype: str) -> tuple[ValidateRecord
         },
         "checkpoint": checkpoint,
         "acceptance": acc,
+        "sets": sets,
         "vllm": vllm,
         "device": device,
         "dtype": dtype,

@@ -27,7 +27,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline.serving.counters import COUNTERS, PER_POS, generation_run
+from eagle3_pipeline.serving.counters import (
+    COUNTERS,
+    PER_POS,
+    counter_delta,
+    generation_run,
+)
 from eagle3_pipeline.serving.engine import Engine
 from eagle3_pipeline.serving.server import engine_server
 
@@ -100,8 +105,11 @@ def run_served(
     startup_timeout_s: float,
     shutdown_timeout_s: float,
     concurrency: int = 1,
+    labels: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """The same measurement as :mod:`eagle3_pipeline.serving.worker`, through ``vllm serve``."""
+    """The same measurement as :mod:`eagle3_pipeline.serving.worker`, through ``vllm serve``.
+    With ``labels`` (one per prompt) the prompts of one label run together, ``concurrency``
+    at a time, and ``/metrics`` is read between labels: ``group_counters`` per label."""
     from openai import OpenAI
 
     t0 = time.perf_counter()
@@ -145,14 +153,29 @@ def run_served(
                 max_tokens=4,
                 temperature=0.0,
             )
-        before = _scrape(server.url)
+        order: dict[str, list[int]] = {}
+        for i, label in enumerate(labels if labels is not None else [""] * len(prompts)):
+            order.setdefault(label, []).append(i)
+        outputs: list[list[int]] = [[] for _ in prompts]
+        groups: dict[str, dict[str, Any]] = {}
+        before = last = _scrape(server.url)
+        reading = 0.0  # scrapes between labels: not generation
         g0 = time.perf_counter()
         with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-            outputs = list(pool.map(complete, prompts))
-        wall = time.perf_counter() - g0
+            for label, idx in order.items():
+                for i, out in zip(idx, pool.map(complete, [prompts[i] for i in idx]), strict=True):
+                    outputs[i] = out
+                if labels is not None:
+                    m0 = time.perf_counter()
+                    now = _scrape(server.url)
+                    groups[label] = counter_delta(now, last)
+                    last = now
+                    reading += time.perf_counter() - m0
+        wall = time.perf_counter() - g0 - reading
         after = _scrape(server.url)
+    extra = {"group_counters": groups} if labels is not None else {}
     return generation_run(
-        outputs, wall, after, before, load_s=load_s, run_s=time.perf_counter() - t0
+        outputs, wall, after, before, load_s=load_s, run_s=time.perf_counter() - t0, **extra
     )
 
 
