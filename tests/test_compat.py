@@ -371,3 +371,54 @@ def test_dvc_internals_used_by_eagle3_remote() -> None:
     assert callable(ObjectDBIndexBase.clear) and callable(ObjectDBIndexBase.close)
     hi = HashInfo("md5", "0" * 32 + ".dir")
     assert hi.isdir and hi.value.endswith(".dir")
+
+
+# --------------------------------------------------------------------------- torch's Muon
+
+
+def test_torch_muon_still_orthogonalises_in_bfloat16_on_a_cpu() -> None:
+    """compat/torch_muon.py exists because torch's Newton-Schulz casts to bfloat16 (slow
+    on CPUs without native bf16). This fails once torch stops doing so: drop the patch."""
+    import torch
+    import torch.optim._muon as muon
+
+    fn = muon._zeropower_via_newtonschulz
+    original = getattr(fn, "__wrapped__", fn)
+    out = original(torch.randn(8, 16), (3.4445, -4.7750, 2.0315), 5, 1e-7)
+    assert out.dtype == torch.bfloat16
+
+
+def test_float32_newton_schulz_is_torchs_iteration_at_higher_precision() -> None:
+    import torch
+    import torch.optim._muon as muon
+
+    from eagle3_pipeline.compat.torch_muon import (
+        float32_newton_schulz_on_cpu,
+        newton_schulz_float32,
+    )
+
+    torch.manual_seed(0)
+    fn = muon._zeropower_via_newtonschulz
+    original = getattr(fn, "__wrapped__", fn)
+    coeffs = (3.4445, -4.7750, 2.0315)
+    for shape in ((32, 96), (96, 32)):  # wide and tall (transposed inside)
+        g = torch.randn(*shape)
+        ours = newton_schulz_float32(g, coeffs, 5, 1e-7)
+        ref = original(g, coeffs, 5, 1e-7).float()
+        assert ours.dtype == torch.float32 and ours.shape == g.shape
+        assert torch.allclose(ours, ref, atol=0.05), (ours - ref).abs().max()
+    # patched: torch's Muon step on CPU parameters goes through the float32 iteration
+    assert float32_newton_schulz_on_cpu() and float32_newton_schulz_on_cpu()  # idempotent
+    p_ours = torch.nn.Parameter(torch.randn(32, 96))
+    p_ref = torch.nn.Parameter(p_ours.detach().clone())
+    grad = torch.randn(32, 96)
+    for p in (p_ours, p_ref):
+        p.grad = grad.clone()
+    torch.optim.Muon([p_ours], lr=0.01).step()
+    muon._zeropower_via_newtonschulz = original
+    try:
+        torch.optim.Muon([p_ref], lr=0.01).step()
+    finally:
+        float32_newton_schulz_on_cpu()
+    assert not torch.equal(p_ours, p_ref)  # the precision differs ...
+    assert torch.allclose(p_ours, p_ref, atol=1e-3)  # ... the update does not

@@ -97,6 +97,9 @@ def build_optimizer(
     if t.optimizer == "muon":
         from speculators.train.optimizers import split_named_params_for_muon
 
+        from eagle3_pipeline.compat.torch_muon import float32_newton_schulz_on_cpu
+
+        float32_newton_schulz_on_cpu()  # bfloat16 matmuls crawl on a CPU (compat/torch_muon.py)
         muon, rest = split_named_params_for_muon(model)
         opts: list[torch.optim.Optimizer] = []
         if muon:
