@@ -54,9 +54,9 @@ proof = _script("gpu_proof")
 # Third-party imports the stages can reach that the proof's path never runs, with the only
 # modules allowed to import them: an import of one anywhere else fails the test below.
 NOT_ON_PATH = {
-    # the separate vLLM environment's worker and connector: validate.vllm=false and
+    # the separate vLLM environment's worker, connector and plugin: validate.vllm=false and
     # extract.backend=hf start no vLLM
-    "vllm": {f"{PKG}.serving.worker", f"{PKG}.serving.connector"},
+    "vllm": {f"{PKG}.serving.worker", f"{PKG}.serving.connector", f"{PKG}.compat.vllm_expand"},
     # a GGUF target (model.gguf): the proof builds the tiny target
     "gguf": {f"{PKG}.targets.gguf"},
 }

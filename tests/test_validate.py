@@ -147,6 +147,9 @@ def test_stage_writes_metrics_report_plot_and_model_card(workdir: Path) -> None:
     )
     assert v["workarounds"]["with_draft"]["env"].get("VLLM_MLA_DISABLE") == "1"
     assert "VLLM_MLA_DISABLE" not in v["workarounds"]["without_draft"]["env"]
+    # the CPU build's sampling patch (compat.vllm_expand) reached both engines
+    assert v["workarounds"]["with_draft"]["patches"] == ["cpu_expand_kernel"]
+    assert v["workarounds"]["without_draft"]["patches"] == ["cpu_expand_kernel"]
     out = workdir / "data" / "validate"
     assert (out / "acceptance.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = (out / "report.md").read_text()

@@ -24,6 +24,11 @@ bug below is fixed upstream, so the workaround can then be dropped.
    bfloat16, float16, int8, fp8_e4m3 or uint8"), so a float32 MLA engine -- the tiny
    target's, where losslessness is checked exactly -- cannot start. Such engines ask for
    ``CPU_MLA`` (``--attention-backend``), which vLLM uses anyway on CPUs without AMX.
+6. **Sampling at temperature > 0 on the CPU build without Triton.** vLLM's C++ fallback for
+   the rejection sampler's ``expand_kernel`` loses float and int32 outputs, so temperature,
+   top-p and top-k reach the rejection test as garbage. That one is not an engine setting
+   but a patch inside vLLM's processes: :mod:`eagle3_pipeline.compat.vllm_expand`, a
+   ``vllm.general_plugins`` entry point that decides for itself where it applies.
 """
 
 from __future__ import annotations

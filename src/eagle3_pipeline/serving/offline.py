@@ -38,10 +38,13 @@ def run_offline(
     log_file: str | Path,
     timeout_s: float = 3600.0,
     labels: Sequence[str] | None = None,
+    temperature: float = 0.0,
+    seed: int | None = None,
 ) -> dict[str, Any]:
-    """Greedy, one prompt at a time; returns the worker's result (outputs, counters,
-    tokens/s; with ``labels``, one per prompt, the counters summed per label too) plus
-    ``run_s``, the whole process's wall time."""
+    """One prompt at a time, greedy unless ``temperature`` > 0 (then sampled; with ``seed``,
+    prompt i with seed + i, so a run repeats); returns the worker's result (outputs,
+    counters, tokens/s, ``vllm_patches``; with ``labels``, one per prompt, the counters
+    summed per label too) plus ``run_s``, the whole process's wall time."""
     log_path = Path(log_file)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     job: dict[str, Any] = {
@@ -49,7 +52,10 @@ def run_offline(
         "prompts": [list(map(int, p)) for p in prompts],
         "max_tokens": int(max_tokens),
         "stop_token_ids": [int(t) for t in stop_token_ids],
+        "temperature": float(temperature),
     }
+    if seed is not None:
+        job["seed"] = int(seed)
     if labels is not None:
         job["labels"] = list(labels)
     with tempfile.TemporaryDirectory(prefix="eagle3-vllm-") as tmp:

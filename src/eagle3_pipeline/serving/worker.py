@@ -1,19 +1,25 @@
-"""Greedy generation in one offline vLLM engine, run inside the vLLM environment.
+"""Generation in one offline vLLM engine, run inside the vLLM environment.
 
 ``python -m eagle3_pipeline.serving.worker JOB.json OUT.json`` (the vLLM environment's
 interpreter; :mod:`eagle3_pipeline.serving.offline` writes the job and reads the result).
-It imports only the standard library, vLLM and :mod:`eagle3_pipeline.serving.counters`, so
-it runs where speculators and the training torch are not installed.
+It imports only the standard library, vLLM, :mod:`eagle3_pipeline.serving.counters` and
+:mod:`eagle3_pipeline.compat.vllm_expand` (for its record), so it runs where speculators
+and the training torch are not installed.
 
 The job holds an :class:`~eagle3_pipeline.serving.engine.Engine` as ``vllm.LLM`` keyword
-arguments, the prompts (token ids), ``max_tokens`` and the stop token ids. Prompts are
+arguments, the prompts (token ids), ``max_tokens`` and the stop token ids, and optionally
+``temperature`` (default 0.0: greedy, what validation measures) and ``seed`` (prompt i is
+sampled with seed + i: a sampled run repeats, and the prompts do not share one random
+stream, which would make them all draw alike, e.g. all end at once). Prompts are
 generated one at a time (a single stream: the latency a user of one chat sees, and what
 the speculative-decoding speedup is defined on) after one warm-up request. The result
 holds each prompt's output token ids, the wall time, and the difference of vLLM's own
 ``vllm:spec_decode_*`` counters (``LLM.get_metrics()``) over the timed requests. With
 ``labels`` (one per prompt: its prompt set, category and turn) the counters are also read
 after every prompt and summed per label (``group_counters``), so each prompt set and
-category gets vLLM's own figures from one engine.
+category gets vLLM's own figures from one engine. ``vllm_patches`` lists the patches our
+vLLM plugins applied (:mod:`eagle3_pipeline.compat.vllm_expand`), as this process recorded
+them when ``LLM`` loaded the plugins.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import sys
 import time
 from typing import Any
 
+from eagle3_pipeline.compat import vllm_expand
 from eagle3_pipeline.serving.counters import (
     COUNTERS,
     PER_POS,
@@ -56,14 +63,20 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
 
     import_s = time.perf_counter() - t0
+    os.environ.pop(vllm_expand.RECORD_VAR, None)  # recorded afresh by this LLM's plugins
     llm = LLM(**job["llm"])
     load_s = time.perf_counter() - t0 - import_s
-    params = SamplingParams(
-        temperature=0.0,
-        max_tokens=int(job["max_tokens"]),
-        stop_token_ids=list(job["stop_token_ids"]),
-        detokenize=False,
-    )
+    seed = job.get("seed")
+    params = [
+        SamplingParams(
+            temperature=float(job.get("temperature", 0.0)),
+            seed=None if seed is None else int(seed) + i,
+            max_tokens=int(job["max_tokens"]),
+            stop_token_ids=list(job["stop_token_ids"]),
+            detokenize=False,
+        )
+        for i in range(len(job["prompts"]))
+    ]
     prompts = [{"prompt_token_ids": list(p)} for p in job["prompts"]]
     if prompts:  # warm-up: first-request costs are not the draft's
         llm.generate(
@@ -81,7 +94,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     g0 = time.perf_counter()
     for i, prompt in enumerate(prompts):
         s0 = time.perf_counter()
-        res = llm.generate([prompt], params, use_tqdm=False)
+        res = llm.generate([prompt], params[i], use_tqdm=False)
         latencies.append(time.perf_counter() - s0)
         outputs.append([int(t) for t in res[0].outputs[0].token_ids])
         if labels is not None:
@@ -101,6 +114,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         import_s=import_s,
         load_s=load_s,
         env={k: v for k, v in os.environ.items() if k.startswith("VLLM_")},
+        vllm_patches=vllm_expand.applied(),
         **({"group_counters": groups} if labels is not None else {}),
     )
 

@@ -247,7 +247,12 @@ def measure_vllm(
     out["dtype"] = dtype
     out["commands"] = {name: portable(e.shell(v.server.port)) for name, e in engines.items()}
     out["workarounds"] = {
-        name: {"env": e.env, "compilation_config": e.compilation_config}
+        name: {
+            "env": e.env,
+            "compilation_config": e.compilation_config,
+            # what our vLLM plugins patched in that engine (offline mode reports it)
+            "patches": runs[name].get("vllm_patches"),
+        }
         for name, e in engines.items()
     }
     return out
