@@ -169,7 +169,8 @@ def test_stage_writes_metrics_report_plot_and_model_card(workdir: Path) -> None:
     assert (live / "plots/images/acceptance.png").read_bytes()[:4] == b"\x89PNG"
     card = (out / "README.md").read_text()
     assert "PSF-2.0" in card and "K): 3" in card and "speculators:" in card
-    assert "held-out prompts" in card and "Seed: 0" in card
+    assert "prompts never trained on" in card and "- heldout (3 prompts): " in card
+    assert "Seed: 0" in card
 
 
 @pytest.mark.slow
