@@ -45,9 +45,25 @@ def gguf_file() -> Path:
     return path
 
 
-# the reduced run: a few conversations, short answers, one epoch, four held-out prompts
+def sharegpt_file() -> Path:
+    """The fetched ShareGPT file (``eagle3-fetch sharegpt``), as gguf_file()."""
+    from eagle3_pipeline.core.config import load_config
+
+    path = REPO / str(load_config(["data=sharegpt"], conf_dir=REPO / "conf").data.path)
+    if not path.is_file():
+        if os.environ.get("EAGLE3_REQUIRE_REAL_MODEL") == "1":
+            pytest.fail(f"{path} is missing: run `eagle3-fetch sharegpt`")
+        pytest.skip(f"{path} is missing: run `eagle3-fetch sharegpt`")
+    return path
+
+
+# the reduced run: a few real ShareGPT conversations, short answers, one epoch, two
+# prompts of each set (held-out ShareGPT, MT-Bench's two turns, HumanEval)
 REDUCED = [
     "model=smollm2_135m",
+    "data=sharegpt",
+    "validate.prompt_sets=[heldout,mt_bench,humaneval]",
+    "validate.num_prompts=2",
     "data.regenerate_backend=server",
     "data.server.start=true",
     "data.server.concurrency=8",
@@ -77,8 +93,12 @@ def _run(cwd: Path, *cmd: str, timeout: int = 1800) -> subprocess.CompletedProce
 @pytest.fixture(scope="module")
 def real_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """A repository copy that ran ``dvc repro`` on the reduced real-model config."""
+    from pinned_files import link_benchmarks
+
     gguf = gguf_file()
+    sharegpt = sharegpt_file()
     root = repo_copy(tmp_path_factory.mktemp("real"))
+    link_benchmarks(root, "mt_bench", "humaneval")
     _run(
         root,
         sys.executable,
@@ -86,6 +106,7 @@ def real_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
         "eagle3_pipeline.core.compose",
         *REDUCED,
         f"model.gguf.path={gguf}",
+        f"data.path={sharegpt}",
     )
     _run(root, "git", "add", "-A")
     _run(root, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "real")
@@ -112,7 +133,18 @@ def test_real_model_runs_the_graph_and_vllm_agrees_with_us(real_run):
     assert v["vllm_speedup"] == pytest.approx(
         v["vllm_tokens_per_s_with_draft"] / v["vllm_tokens_per_s_without_draft"]
     )
-    assert v["prompts"] == 4
+    # two held-out conversations, two MT-Bench questions (two turns each), two problems
+    assert v["prompts"] == 8
+    sets = v["sets"]
+    assert [sets[s]["ours"]["prompts"] for s in ("heldout", "mt_bench", "humaneval")] == [2, 4, 2]
+    for f in (sets[s] for s in sets):  # each set: vLLM's own counters give our figure
+        assert f["vllm"]["mean_acceptance_length"] == pytest.approx(
+            f["ours"]["vllm_style_acceptance_length"], abs=tol
+        )
+    assert len(sets["mt_bench"]["categories"]) == 2
+    # real conversations: the seeded sample's content hash and the missing licence recorded
+    p = _details(root, "prepare")
+    assert p["conversations_train"] == 10
 
 
 def test_the_gguf_became_a_plain_tied_checkpoint(real_run):
