@@ -37,6 +37,7 @@ from typing import Any
 
 from eagle3_pipeline.core.config import Config, ConfigError, DataConfig
 from eagle3_pipeline.data.record import TurnTokens
+from eagle3_pipeline.targets.chat import render_ids  # shared with validation
 
 log = logging.getLogger(__name__)
 
@@ -677,17 +678,6 @@ def end_of_turn_ids(tokenizer: Any, model_dir: str | Path) -> list[int]:
     if not ids:
         raise ConfigError(f"{model_dir}: no eos_token_id in generation_config.json or tokenizer")
     return list(dict.fromkeys(ids))
-
-
-def render_ids(
-    tokenizer: Any, messages: list[dict[str, Any]], generation_prompt: bool
-) -> list[int]:
-    """Token ids of the chat template's rendering, tokenized the way vLLM's chat endpoint
-    does (render to text, then encode without adding special tokens again)."""
-    text = tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=generation_prompt
-    )
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 # --------------------------------------------------------------------------- rows
