@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,18 @@ def _starts_dvc(args: object) -> bool:
     argv = [str(a) for a in args] if isinstance(args, list | tuple) else str(args).split()
     names = [Path(a).name for a in argv[:3]]
     return bool(names) and (names[0] == "dvc" or names[1:3] == ["-m", "dvc"])
+
+
+@pytest.fixture(autouse=True)
+def _cwd_restored() -> Iterator[None]:
+    """Every test starts in the directory the suite started in, whatever the last one did.
+
+    A test that changes directory and fails before changing back would otherwise make every
+    later test that names a relative path depend on the order the suite ran in.
+    """
+    old = os.getcwd()
+    yield
+    os.chdir(old)
 
 
 @pytest.fixture(autouse=True)

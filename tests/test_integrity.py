@@ -237,14 +237,14 @@ def test_the_same_training_in_two_clones_gives_byte_identical_drafts(
 
 
 def test_the_reload_finds_a_target_named_relative_to_the_draft(
-    tiny_target: Path, tmp_path: Path
+    tiny_target: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from workdirs import make_workdir
 
     from eagle3_pipeline.validate.checkpoint import validate_checkpoint
 
     work = make_workdir(tiny_target, tmp_path / "w")
-    os.chdir(tmp_path)  # not the clone: the relative name resolves from the draft
+    monkeypatch.chdir(tmp_path)  # not the clone: the relative name resolves from the draft
     report = validate_checkpoint(work / "data/draft", None, reload=True)
     assert report.facts["verifier_name_or_path"] == "../target/model"
     assert not report.errors, report.errors

@@ -192,7 +192,10 @@ def test_a_file_that_is_not_sharegpt_shaped_is_one_clear_line(tmp_path, content)
 
 
 def _pinned(path: Path, sha256: str) -> DataConfig:
-    cfg = load_config(["data=sharegpt", f"data.path={path}", f"data.pinned.sha256={sha256}"])
+    cfg = load_config(
+        ["data=sharegpt", f"data.path={path}", f"data.pinned.sha256={sha256}"],
+        conf_dir=str(Path(__file__).resolve().parents[1] / "conf"),
+    )
     return cfg.data
 
 
