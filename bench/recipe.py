@@ -18,10 +18,12 @@ vocabulary (the draft's own ``d2t``), epochs, TTT steps and seed:
   changed (same data), written under the output directory.
 
 Every draft is served by vLLM (offline ``vllm.LLM`` with the draft, K =
-``train.speculative_tokens``, float32, the validate stage's held-out prompts and
-``validate.max_new_tokens``); the figures are vLLM's own spec-decode counters. Printed:
-acceptance length, per-position rates, optimizer steps, train wall time, and the ratio of
-each acceptance length to the stronger stock run's.
+``train.speculative_tokens``, float32, temperature 0, one request at a time) on the
+validate stage's prompts: ``validate.prompt_sets`` (e.g. mt_bench and humaneval, seeded
+subsets of ``validate.num_prompts``; MT-Bench's second turn after the target's own first
+answer) and ``validate.max_new_tokens``; the figures are vLLM's own spec-decode counters,
+read per prompt set. Printed: acceptance length pooled and per set, optimizer steps, train
+wall time, and the ratio of each figure to the stronger stock run's.
 
     python bench/recipe.py [--workdir .] [--out bench_out/recipe] [--skip-stock-defaults]
                            [--resume] [--variant muon train.optimizer=muon ...]
@@ -33,6 +35,7 @@ adding a variant costs only that variant.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import subprocess
 import sys
@@ -185,23 +188,77 @@ def train_variant(work: Path, out: Path, sets: list[str]) -> dict[str, Any]:
     return {"draft": out / "draft", "train_s": time.perf_counter() - t0, "steps": details.steps}
 
 
-def serve(cfg: Any, spec: Any, work: Path, draft: Path, name: str) -> dict[str, Any]:
-    """vLLM's counters for ``draft`` on the held-out prompts (offline engine, float32)."""
+def bench_prompts(cfg: Any, spec: Any, work: Path, out: Path) -> list[Any]:
+    """The validate stage's prompts: ``validate.prompt_sets`` (seeded subsets of
+    ``validate.num_prompts``), MT-Bench's second turns asked after the target's own first
+    answers (vLLM's greedy output of the target alone, computed once and kept in
+    ``OUT/prompts.json``, so every draft is measured on the same prompts)."""
     import os
 
     from eagle3_pipeline.serving.engine import build_engine, log_file
     from eagle3_pipeline.serving.env import find_python
     from eagle3_pipeline.serving.offline import run_offline
-    from eagle3_pipeline.validate.acceptance import load_prompts
+    from eagle3_pipeline.validate.prompt_sets import EvalPrompt, load_first_turns, second_turns
+    from eagle3_pipeline.validate.run import load_tokenizer, stop_token_ids
+
+    v = cfg.validate
+    names = [str(getattr(x, "value", x)) for x in v.prompt_sets]
+    key = [names, v.num_prompts, v.max_new_tokens, cfg.seed]
+    cached = out / "prompts.json"
+    if cached.is_file():
+        saved = json.loads(cached.read_text())
+        if saved["key"] == key:
+            return [EvalPrompt(**p) for p in saved["prompts"]]
+    old = os.getcwd()
+    os.chdir(work)
+    try:
+        tokenizer = load_tokenizer(spec)
+        prompts = load_first_turns(
+            names,
+            Path(cfg.paths.heldout) / "prompts.jsonl",
+            tokenizer,
+            v.num_prompts,
+            cfg.seed,
+            spec.vocab_size,
+        )
+        stops = stop_token_ids(spec.path)
+        pending = [p for p in prompts if p.next_questions]
+        while pending:
+            run = run_offline(
+                find_python(cfg.vllm.python),
+                build_engine(cfg, spec, spec.path, "baseline", dtype="float32"),
+                [p.prompt_ids for p in pending],
+                v.max_new_tokens,
+                stops,
+                log_file(cfg, "recipe_turns"),
+                timeout_s=cfg.vllm.startup_timeout_s + 3600,
+            )
+            nxt = second_turns(pending, run["outputs"], tokenizer, set(stops))
+            prompts += nxt
+            pending = [p for p in nxt if p.next_questions]
+    finally:
+        os.chdir(old)
+    cached.write_text(json.dumps({"key": key, "prompts": [dataclasses.asdict(p) for p in prompts]}))
+    return prompts
+
+
+def serve(
+    cfg: Any, spec: Any, work: Path, draft: Path, name: str, prompts: list[Any]
+) -> dict[str, Any]:
+    """vLLM's counters for ``draft`` on ``prompts`` (offline engine, float32, T=0, one
+    request at a time), pooled and per prompt set."""
+    import os
+
+    from eagle3_pipeline.serving.engine import build_engine, log_file
+    from eagle3_pipeline.serving.env import find_python
+    from eagle3_pipeline.serving.offline import run_offline
+    from eagle3_pipeline.validate.by_set import vllm_by_set
     from eagle3_pipeline.validate.run import stop_token_ids
     from eagle3_pipeline.validate.vllm import acceptance_figures
 
     old = os.getcwd()
     os.chdir(work)
     try:
-        prompts = load_prompts(Path(cfg.paths.heldout) / "prompts.jsonl", spec.vocab_size)
-        if cfg.validate.num_prompts is not None:
-            prompts = prompts[: cfg.validate.num_prompts]
         k = cfg.train.speculative_tokens
         engine = build_engine(
             cfg, spec, spec.path, "validate", dtype="float32", draft_dir=draft.resolve(), k=k
@@ -214,6 +271,7 @@ def serve(cfg: Any, spec: Any, work: Path, draft: Path, name: str) -> dict[str, 
             stop_token_ids(spec.path),
             log_file(cfg, f"recipe_{name}"),
             timeout_s=cfg.vllm.startup_timeout_s + 3600,
+            labels=[p.group for p in prompts],
         )
     finally:
         os.chdir(old)
@@ -221,6 +279,10 @@ def serve(cfg: Any, spec: Any, work: Path, draft: Path, name: str) -> dict[str, 
     return {
         "acceptance_length": fig["mean_acceptance_length"],
         "per_position_rate": fig["per_position_rate"],
+        "by_set": {
+            n: f["mean_acceptance_length"]
+            for n, f in vllm_by_set(prompts, run["group_counters"]).items()
+        },
         "tokens_per_s": run["tokens_per_s"],
     }
 
@@ -278,6 +340,8 @@ def main() -> None:
 
     runs: dict[str, dict[str, Any]] = {}
     out.mkdir(parents=True, exist_ok=True)
+    prompts = bench_prompts(cfg, spec, work, out)
+    sets = list(dict.fromkeys(p.set for p in prompts))
     if args.resume and (out / "recipe.json").is_file():
         runs = json.loads((out / "recipe.json").read_text())
         print(f"resuming: {', '.join(runs)} already measured", flush=True)
@@ -290,8 +354,12 @@ def main() -> None:
         if callable(run):
             run = run()
         print(f"serving {name} ({run['draft']}) in vLLM", flush=True)
-        run.update(serve(cfg, spec, work, Path(run["draft"]), name.split()[0]))
-        print(f"  {name}: acceptance length {_fmt(run['acceptance_length'])}", flush=True)
+        run.update(serve(cfg, spec, work, Path(run["draft"]), name.split()[0], prompts))
+        per_set = ", ".join(f"{n} {_fmt(x)}" for n, x in run["by_set"].items())
+        print(
+            f"  {name}: acceptance length {_fmt(run['acceptance_length'])} ({per_set})",
+            flush=True,
+        )
         runs[name] = run
         (out / "recipe.json").write_text(
             json.dumps({n: {**r, "draft": str(r["draft"])} for n, r in runs.items()}, indent=2)
@@ -329,25 +397,34 @@ def main() -> None:
             "stock (its defaults)", lambda: train_stock(cfg, spec, work, out / "stock_defaults", [])
         )
 
-    base = runs["stock (our tokens/step)"]["acceptance_length"]
-    if "stock (its defaults)" in runs:
-        base = max(base or 0, runs["stock (its defaults)"]["acceptance_length"] or 0)
+    def ratio_base(key: str | None) -> float | None:
+        """The stronger stock run's figure (pooled, or one set's)."""
+        vals = [
+            (r["acceptance_length"] if key is None else (r.get("by_set") or {}).get(key))
+            for n, r in runs.items()
+            if n.startswith("stock")
+        ]
+        vals = [x for x in vals if x]
+        return max(vals) if vals else None
+
+    cols = [None, *sets]
+    bases = {c: ratio_base(c) for c in cols}
     print(
         f"\nK={cfg.train.speculative_tokens}, {cfg.train.epochs} epochs, draft vocab "
-        f"{cfg.train.draft_vocab_size}, seed {cfg.seed}; vLLM's counters on "
-        f"{cfg.validate.num_prompts or 'all'} held-out prompts x "
-        f"{cfg.validate.max_new_tokens} tokens"
+        f"{cfg.train.draft_vocab_size}, seed {cfg.seed}; vLLM's counters (1 + accepted/drafts, "
+        f"T=0, one request at a time) on {len(prompts)} prompts of "
+        f"{', '.join(sets)} ({cfg.validate.num_prompts or 'all'} per set, MT-Bench's two "
+        f"turns) x {cfg.validate.max_new_tokens} tokens; ratio: / the stronger stock run"
     )
-    print(
-        f"{'draft':28} {'steps':>6} {'vLLM acc. len':>13} {'ratio':>6}  per position{'':14} train s"
-    )
+    head = "".join(f" {(c or 'pooled'):>16}" for c in cols)
+    print(f"{'draft':28} {'steps':>6}{head}  train s")
     for name, r in runs.items():
-        ratio = r["acceptance_length"] / base if base and r["acceptance_length"] else None
-        per = " / ".join(f"{x:.3f}" for x in r["per_position_rate"])
-        print(
-            f"{name:28} {_fmt(r['steps']):>6} {_fmt(r['acceptance_length']):>13} "
-            f"{_fmt(ratio):>6}  {per:26} {_fmt(r['train_s'], 0)}"
-        )
+        cells = []
+        for c in cols:
+            x = r["acceptance_length"] if c is None else (r.get("by_set") or {}).get(c)
+            ratio = x / bases[c] if x and bases[c] else None
+            cells.append(f" {_fmt(x):>7} ({_fmt(ratio, 2):>5}x)")
+        print(f"{name:28} {_fmt(r['steps']):>6}{''.join(cells)}  {_fmt(r['train_s'], 0)}")
     print(f"wrote {out / 'recipe.json'}")
 
 

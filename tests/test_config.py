@@ -87,6 +87,15 @@ def test_real_target_profiles_name_hub_id_and_remote_code():
         (["train.nproc=0"], "train.nproc=0 must be >= 1 (or null)"),
         # cross-key rules
         (["validate.k_sweep=[0,2]"], "validate.k_sweep"),
+        (["validate.k_sweep=[]"], "validate.k_sweep is empty"),
+        (["train.speculative_tokens=3", "validate.k_sweep=[2,2]"], "a K is named twice"),
+        # temperatures vLLM refuses (< 0) or silently raises to 0.01 (a mislabelled figure)
+        (["validate.temperature=-0.5"], "validate.temperature=-0.5 must be >= 0.01 (or null)"),
+        (["validate.temperature=0"], "validate.temperature=0.0 must be >= 0.01 (or null)"),
+        (["validate.temperature=0.005"], "validate.temperature=0.005 must be >= 0.01"),
+        (["validate.concurrency=[]"], "validate.concurrency is empty"),
+        (["validate.concurrency=[1,0]"], "validate.concurrency=[1, 0]: [0] below 1"),
+        (["validate.concurrency=[4,4]"], "validate.concurrency=[4, 4]: a level is named twice"),
         (["train.attn_implementation=simple_flex_attention"], "has no CPU backward"),
         (["extract.rank=1"], "extract.rank=1 must be < extract.world_size=1"),
         (["train.draft.fc_norm=true"], "exclusive"),

@@ -309,6 +309,9 @@ def test_the_headline_keys_are_declared_once_on_the_records() -> None:
         "vllm_best_k",
         "vllm_best_k_speedup",
         "acceptance_by_set",
+        "acceptance_by_set_sampled",
+        "vllm_speedup_by_concurrency",
+        "vllm_break_even_concurrency",
     }
     # eagle3-compare reads the validate summary by these keys
     for _, file, keys in FIGURES:
@@ -332,6 +335,9 @@ def test_dvclive_summaries_are_the_records_headline(tmp_path: Path) -> None:
         vllm_best_k=3,
         vllm_best_k_speedup=2.7,
         acceptance_by_set={"mt_bench": 1.9, "humaneval": 2.2, "heldout": None},
+        acceptance_by_set_sampled={"mt_bench": 1.7, "humaneval": 2.0},
+        vllm_speedup_by_concurrency={"1": 2.5, "4": 1.4, "16": 0.9},
+        vllm_break_even_concurrency=16,
     )
     summary = write_live(tmp_path / "validate", v, png.getvalue())
     assert summary == {
@@ -341,6 +347,9 @@ def test_dvclive_summaries_are_the_records_headline(tmp_path: Path) -> None:
         "vllm_best_k": 3,
         "vllm_best_k_speedup": 2.7,
         "acceptance_by_set": {"mt_bench": 1.9, "humaneval": 2.2},  # a set without a figure: absent
+        "acceptance_by_set_sampled": {"mt_bench": 1.7, "humaneval": 2.0},
+        "vllm_speedup_by_concurrency": {"1": 2.5, "4": 1.4, "16": 0.9},
+        "vllm_break_even_concurrency": 16,
     }
     points = json.loads(
         (tmp_path / "validate/plots/custom/acceptance_per_position.json").read_text()

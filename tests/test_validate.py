@@ -223,6 +223,32 @@ def test_every_prompt_set_gets_vllms_own_figures_equal_to_ours(
     assert "| mt_bench, turn 2 | 2 |" in report and "mt_bench per category" in report
     assert "K=3, temperature 0" in report and "concurrency 1" in report
     assert (out / "acceptance_by_set.png").read_bytes()[:4] == b"\x89PNG"
+    # the sampled pass (validate.temperature's default 0.7), per set from vLLM's counters
+    sampled = m["vllm"]["sampled"]
+    assert (sampled["temperature"], sampled["seed"]) == (0.7, 0)
+    assert list(sampled["sets"]) == m["prompt_sets"]
+    assert sum(f["num_drafts"] for f in sampled["sets"].values()) == sampled["num_drafts"] > 0
+    for f in [sampled, *sampled["sets"].values()]:
+        assert f["mean_acceptance_length"] == pytest.approx(
+            1 + f["num_accepted_tokens"] / f["num_drafts"]
+        )
+    assert m["acceptance_by_set_sampled"] == {
+        s: f["mean_acceptance_length"] for s, f in sampled["sets"].items()
+    }
+    assert live["acceptance_by_set_sampled"] == m["acceptance_by_set_sampled"]
+    # the default levels 1, 4, 16: 8 prompts decoded, so 16 is skipped, not mislabelled
+    conc = m["vllm"]["concurrency"]
+    assert [r["concurrency"] for r in conc["levels"]] == [1, 4] and conc["skipped"] == [16]
+    one, four = conc["levels"]
+    assert one["speedup"] == pytest.approx(m["vllm_speedup"])
+    # the draft ran at 4 in flight (this untrained draft accepts next to nothing)
+    assert four["generated_tokens"] > 0 and four["acceptance_length"] >= 1
+    assert m["vllm_speedup_by_concurrency"] == {"1": one["speedup"], "4": four["speedup"]}
+    losing = [r["concurrency"] for r in conc["levels"] if r["speedup"] < 1]
+    assert m["vllm_break_even_concurrency"] == (min(losing) if losing else None)
+    assert "## Sampled (temperature > 0)" in report and "## Under load" in report
+    assert "Not measured: [16]" in report
+    assert (out / "speedup_by_concurrency.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_stage_fails_on_a_broken_checkpoint(workdir: Path, tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from eagle3_pipeline.extract.hf_backend import extract_hf
 from eagle3_pipeline.extract.rows import load_rows
 from eagle3_pipeline.serving.engine import build_engine
 from eagle3_pipeline.serving.env import find_python
-from eagle3_pipeline.serving.offline import VllmRunError, run_offline
+from eagle3_pipeline.serving.offline import Pass, VllmRunError, run_offline
 from eagle3_pipeline.targets.adapter import load_target_spec
 from eagle3_pipeline.validate.acceptance import load_prompts
 from eagle3_pipeline.validate.run import stop_token_ids
@@ -151,8 +151,10 @@ def test_served_and_offline_validation_give_the_same_counters(validate_workdir):
     python = find_python()
     # labels (a prompt set / category / turn per prompt): counters per label, both ways
     labels = ["a", "b", "a"][: len(prompts)]
+    # passes on the same engines: sampled at T=0.7 (seeded, per label), then 2 in flight
+    passes = [Pass("sampled", 0.7, 7, labels=True), Pass("c2", concurrency=2)]
     offline = run_offline(
-        python, engine, prompts, 12, stops, wd / "logs/offline.log", labels=labels
+        python, engine, prompts, 12, stops, wd / "logs/offline.log", labels=labels, passes=passes
     )
     served = run_served(
         python,
@@ -165,6 +167,7 @@ def test_served_and_offline_validation_give_the_same_counters(validate_workdir):
         600,
         30,
         labels=labels,
+        passes=passes,
     )
     assert offline["outputs"] == served["outputs"]
     assert offline["counters"] == served["counters"]
@@ -176,6 +179,21 @@ def test_served_and_offline_validation_give_the_same_counters(validate_workdir):
         == offline["counters"]["drafts"]
     )
     assert offline["env"]["VLLM_MLA_DISABLE"] == "1"  # the workaround reached the engine
+    for run in (offline, served):
+        sampled, both = run["passes"]["sampled"], run["passes"]["c2"]
+        # the sampled pass's own counters, per label too, and its figures are theirs
+        assert sampled["counters"]["drafts"] > 0
+        assert sorted(sampled["group_counters"]) == sorted(set(labels))
+        assert (
+            sum(g["drafts"] for g in sampled["group_counters"].values())
+            == (sampled["counters"]["drafts"])
+        )
+        assert [len(o) > 0 for o in sampled["outputs"]] == [True] * len(prompts)
+        # two in flight: every prompt answered, the draft used, tokens/s measured
+        assert both["concurrency"] == 2 and len(both["outputs"]) == len(prompts)
+        assert both["counters"]["drafts"] > 0 and both["tokens_per_s"] > 0
+    # the same seeds give the same samples, whichever way the engine is run
+    assert offline["passes"]["sampled"]["outputs"] == served["passes"]["sampled"]["outputs"]
 
 
 def test_a_vllm_that_cannot_start_says_why_in_one_line(validate_workdir, tmp_path):

@@ -35,7 +35,7 @@ def one_line_compose_errors() -> bool:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from eagle3_pipeline.core.config import check_composed, compose_error_line
+    from eagle3_pipeline.core.config import COMPOSING_HERE, check_composed, compose_error_line
     from eagle3_pipeline.core.errors import ConfigError
 
     original = Hydra.compose_config
@@ -44,6 +44,8 @@ def one_line_compose_errors() -> bool:
 
     @functools.wraps(original)
     def compose_config(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if COMPOSING_HERE.get():  # our own compose() in a process that imported DVC
+            return original(self, *args, **kwargs)
         try:
             cfg = original(self, *args, **kwargs)
         except (HydraException, OmegaConfBaseException) as exc:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from contextvars import ContextVar
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,9 @@ from eagle3_pipeline.core.choices import (
 from eagle3_pipeline.core.errors import ConfigError
 
 SCHEMA_NAME = "eagle3_schema"
+# True while :func:`compose` runs Hydra: the errors are ours to word (ConfigError), not
+# DVC's, even in a process that has imported DVC (compat.dvc's wrapper stands aside)
+COMPOSING_HERE: ContextVar[bool] = ContextVar("eagle3_composing_here", default=False)
 DEFAULT_PARAMS = "params.yaml"
 DEFAULT_CONF_DIR = "conf"
 
@@ -459,6 +463,16 @@ class ValidateConfig:
     # vLLM only: serve the same draft at each of these K (>= 1, <= train.speculative_tokens)
     # and report acceptance, single-stream tokens/s and speedup per K, and the best K.
     k_sweep: list[int] | None = None
+    # vLLM only: the draft engine decodes every prompt again, sampled at this temperature
+    # (seeded: prompt i with seed + i), where vLLM's rejection sampler decides what is
+    # accepted; its acceptance per prompt set sits beside temperature 0's. null: greedy only.
+    temperature: float | None = ranged(0.7, ge=0.01)
+    # vLLM only: output tokens/s with and without the draft at each of these numbers of
+    # requests in flight (temperature 0, every prompt), the speedup at each and the lowest
+    # one where the draft stops paying. 1 is always measured (the single-stream run above);
+    # a level above the number of prompts decoded is skipped, with a warning. The engines
+    # admit as many sequences as the largest level (vLLM's max_num_seqs).
+    concurrency: list[int] = field(default_factory=lambda: [1, 4, 16])
     device: Device | None = None  # null: hardware.device
     dtype: Dtype | None = None  # null: float32 on cpu, model.dtype on cuda
     # In float32 a divergence from plain greedy decoding is a bug: fail the stage.
@@ -551,7 +565,7 @@ def _check_bounds(node: Any, prefix: str = "") -> None:
             (lt is not None and value >= lt, f"< {lt}"),
         ):
             if bad:
-                null = " (or null)" if f.default is None else ""
+                null = " (or null)" if "None" in str(f.type) else ""  # a nullable field
                 raise ConfigError(f"{key}={value} must be {words}{null}")
 
 
@@ -656,6 +670,7 @@ def validate(cfg: Config) -> Config:
             f"{cfg.train.speculative_tokens} (train.speculative_tokens: the draft "
             "is trained for that many steps)"
         )
+    _check_serving_sweeps(cfg.validate)
     d = cfg.train.draft
     if d.norm_before_fc and d.fc_norm:
         raise ConfigError(
@@ -666,6 +681,26 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"data.path is required when data.source={cfg.data.source}")
     _check_prompt_sets(cfg)
     return cfg
+
+
+def _check_serving_sweeps(v: ValidateConfig) -> None:
+    """The K sweep and concurrency levels vLLM is asked to serve (the temperature's range
+    is declared on its field: vLLM refuses a negative one and silently raises one under
+    0.01 to 0.01, which would mislabel the figure)."""
+    if v.k_sweep is not None:
+        if not v.k_sweep:
+            raise ConfigError("validate.k_sweep is empty: list K values (e.g. [1,2,3]) or null")
+        if len(set(v.k_sweep)) != len(v.k_sweep):
+            raise ConfigError(f"validate.k_sweep={v.k_sweep}: a K is named twice")
+    if not v.concurrency:
+        raise ConfigError("validate.concurrency is empty: list request counts (e.g. [1,4,16])")
+    bad = [c for c in v.concurrency if c < 1]
+    if bad:
+        raise ConfigError(
+            f"validate.concurrency={v.concurrency}: {bad} below 1 (requests in flight)"
+        )
+    if len(set(v.concurrency)) != len(v.concurrency):
+        raise ConfigError(f"validate.concurrency={v.concurrency}: a level is named twice")
 
 
 def _check_prompt_sets(cfg: Config) -> None:
@@ -786,12 +821,15 @@ def compose(overrides: list[str] | None = None, conf_dir: str | Path = DEFAULT_C
     if not (conf_path / "config.yaml").is_file():
         raise ConfigError(f"{conf_path / 'config.yaml'} not found: run from the repository root")
     register_schema()
+    token = COMPOSING_HERE.set(True)
     try:
         with initialize_config_dir(str(conf_path), version_base=None):
             cfg = hydra_compose(config_name="config", overrides=list(overrides or []))
         OmegaConf.resolve(cfg)
     except (HydraException, OmegaConfBaseException) as exc:
         raise ConfigError(_omegaconf_message(exc)) from None
+    finally:
+        COMPOSING_HERE.reset(token)
     return cfg
 
 

@@ -25,6 +25,8 @@ FIGURES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("vLLM speedup", "validate/metrics.json", ("vllm_speedup",)),
     ("MT-Bench", "validate/metrics.json", ("acceptance_by_set", "mt_bench")),
     ("HumanEval", "validate/metrics.json", ("acceptance_by_set", "humaneval")),
+    ("MT-Bench T>0", "validate/metrics.json", ("acceptance_by_set_sampled", "mt_bench")),
+    ("break-even C", "validate/metrics.json", ("vllm_break_even_concurrency",)),
     ("val loss", "train/metrics.json", ("val", "loss")),
     ("best K", "validate/metrics.json", ("vllm_best_k",)),  # with validate.k_sweep
     ("best-K speedup", "validate/metrics.json", ("vllm_best_k_speedup",)),

@@ -51,6 +51,7 @@ class Engine:
     attention_backend: str | None = None
     enable_prefix_caching: bool | None = None
     generation_config: str | None = None  # "vllm": ignore the model's sampling defaults
+    max_num_seqs: int | None = None  # requests in flight at most; null: vLLM's default
     env: dict[str, str] = field(default_factory=dict)  # for the vLLM process
     extra_args: list[str] = field(default_factory=list)  # `vllm serve` only
 
@@ -111,6 +112,8 @@ class Engine:
             cmd.append("--no-enable-prefix-caching")
         if self.generation_config:
             cmd += ["--generation-config", self.generation_config]
+        if self.max_num_seqs is not None:
+            cmd += ["--max-num-seqs", str(self.max_num_seqs)]
         return cmd + list(self.extra_args)
 
     def llm_kwargs(self) -> dict[str, Any]:
@@ -137,6 +140,7 @@ class Engine:
             "attention_backend",
             "enable_prefix_caching",
             "generation_config",
+            "max_num_seqs",
         ):
             value = getattr(self, key)
             if value is not None:
@@ -187,6 +191,7 @@ def build_engine(
     draft_dir: str | Path | None = None,
     k: int | None = None,
     staging: str | Path | None = None,
+    max_num_seqs: int | None = None,
 ) -> Engine:
     """The engine for ``purpose`` (extract | regenerate | validate | baseline) of target
     ``spec`` (a :class:`~eagle3_pipeline.targets.adapter.TargetSpec`) served from ``model``."""
@@ -234,6 +239,11 @@ def build_engine(
         eng.enable_prefix_caching = False  # every prompt computed, its states kept
     elif purpose == "regenerate":
         eng.generation_config = "vllm"  # greedy means greedy, whatever the model card says
+    if purpose in ("validate", "baseline"):
+        # a sampled figure is at the temperature asked alone (no top-p/top-k from the
+        # model card, which the server would apply and the offline engine would not)
+        eng.generation_config = "vllm"
+    eng.max_num_seqs = max_num_seqs
     return eng
 
 

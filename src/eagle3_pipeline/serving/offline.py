@@ -15,6 +15,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,23 @@ from eagle3_pipeline.serving.env import worker_env
 from eagle3_pipeline.serving.server import cause
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Pass:
+    """A further decoding of the same prompts on an engine already loaded: sampled at
+    ``temperature`` (seeded per prompt), or with ``concurrency`` requests in flight."""
+
+    name: str
+    temperature: float = 0.0
+    seed: int | None = None
+    concurrency: int = 1
+    labels: bool = False  # counters per label (one request at a time only)
+
+    def to_job(self) -> dict[str, Any]:
+        if self.labels and self.concurrency != 1:
+            raise ValueError(f"pass {self.name}: per-label counters need concurrency 1")
+        return asdict(self)
 
 
 class VllmRunError(RuntimeError):
@@ -40,11 +58,13 @@ def run_offline(
     labels: Sequence[str] | None = None,
     temperature: float = 0.0,
     seed: int | None = None,
+    passes: Sequence[Pass] = (),
 ) -> dict[str, Any]:
     """One prompt at a time, greedy unless ``temperature`` > 0 (then sampled; with ``seed``,
     prompt i with seed + i, so a run repeats); returns the worker's result (outputs,
     counters, tokens/s, ``vllm_patches``; with ``labels``, one per prompt, the counters
-    summed per label too) plus ``run_s``, the whole process's wall time."""
+    summed per label too) plus ``run_s``, the whole process's wall time. Each of
+    ``passes`` decodes the prompts again on the same engine: ``result["passes"][name]``."""
     log_path = Path(log_file)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     job: dict[str, Any] = {
@@ -58,6 +78,8 @@ def run_offline(
         job["seed"] = int(seed)
     if labels is not None:
         job["labels"] = list(labels)
+    if passes:
+        job["passes"] = [p.to_job() for p in passes]
     with tempfile.TemporaryDirectory(prefix="eagle3-vllm-") as tmp:
         job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "out.json"
         job_path.write_text(json.dumps(job), encoding="utf-8")

@@ -17,7 +17,11 @@ holds each prompt's output token ids, the wall time, and the difference of vLLM'
 ``vllm:spec_decode_*`` counters (``LLM.get_metrics()``) over the timed requests. With
 ``labels`` (one per prompt: its prompt set, category and turn) the counters are also read
 after every prompt and summed per label (``group_counters``), so each prompt set and
-category gets vLLM's own figures from one engine. ``vllm_patches`` lists the patches our
+category gets vLLM's own figures from one engine. ``passes`` (optional) decode the same
+prompts again on the same engine (an engine load costs more than a pass on a CPU), each
+``{"name", "temperature", "seed", "concurrency", "labels": bool}``: sampled passes one
+prompt at a time, and passes with ``concurrency`` requests in flight; each comes back
+under ``passes[name]`` with its own outputs, tokens/s and counters. ``vllm_patches`` lists the patches our
 vLLM plugins applied (:mod:`eagle3_pipeline.compat.vllm_expand`), as this process recorded
 them when ``LLM`` loaded the plugins.
 """
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from typing import Any
@@ -58,39 +63,34 @@ def counters(metrics: list[Any]) -> dict[str, Any]:
     return out
 
 
-def run(job: dict[str, Any]) -> dict[str, Any]:
-    t0 = time.perf_counter()
-    from vllm import LLM, SamplingParams
+def sampling(job: dict[str, Any], spec: dict[str, Any], n: int) -> list[Any]:
+    """One ``SamplingParams`` per prompt: greedy unless ``temperature`` > 0; with ``seed``,
+    prompt i is sampled with seed + i."""
+    from vllm import SamplingParams
 
-    import_s = time.perf_counter() - t0
-    os.environ.pop(vllm_expand.RECORD_VAR, None)  # recorded afresh by this LLM's plugins
-    llm = LLM(**job["llm"])
-    load_s = time.perf_counter() - t0 - import_s
-    seed = job.get("seed")
-    params = [
+    seed = spec.get("seed")
+    return [
         SamplingParams(
-            temperature=float(job.get("temperature", 0.0)),
+            temperature=float(spec.get("temperature", 0.0)),
             seed=None if seed is None else int(seed) + i,
             max_tokens=int(job["max_tokens"]),
             stop_token_ids=list(job["stop_token_ids"]),
             detokenize=False,
         )
-        for i in range(len(job["prompts"]))
+        for i in range(n)
     ]
-    prompts = [{"prompt_token_ids": list(p)} for p in job["prompts"]]
-    if prompts:  # warm-up: first-request costs are not the draft's
-        llm.generate(
-            prompts[:1],
-            SamplingParams(temperature=0.0, max_tokens=4, detokenize=False),
-            use_tqdm=False,
-        )
-    labels: list[str] | None = job.get("labels")
-    before = counters(llm.get_metrics())
+
+
+def one_at_a_time(
+    llm: Any, prompts: list[Any], params: list[Any], labels: list[str] | None
+) -> dict[str, Any]:
+    """Each prompt alone (a single stream); with ``labels`` the counters are read after
+    every prompt and summed per label (reading time is not generation time)."""
+    before = last = counters(llm.get_metrics())
     outputs: list[list[int]] = []
     latencies: list[float] = []
     groups: dict[str, dict[str, Any]] = {}
-    last = before
-    reading = 0.0  # time spent reading counters between prompts: not generation
+    reading = 0.0
     g0 = time.perf_counter()
     for i, prompt in enumerate(prompts):
         s0 = time.perf_counter()
@@ -104,19 +104,76 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
             last = now
             reading += time.perf_counter() - m0
     wall = time.perf_counter() - g0 - reading
-    after = counters(llm.get_metrics())
+    extra = {"group_counters": groups} if labels is not None else {}
     return generation_run(
-        outputs,
-        wall,
-        after,
-        before,
-        latencies_s=latencies,
-        import_s=import_s,
-        load_s=load_s,
-        env={k: v for k, v in os.environ.items() if k.startswith("VLLM_")},
-        vllm_patches=vllm_expand.applied(),
-        **({"group_counters": groups} if labels is not None else {}),
+        outputs, wall, counters(llm.get_metrics()), before, latencies_s=latencies, **extra
     )
+
+
+def in_flight(llm: Any, prompts: list[Any], params: list[Any], concurrency: int) -> dict[str, Any]:
+    """``concurrency`` requests in flight until the prompts run out: a new one is added as
+    soon as one finishes, as a server under that many concurrent users sees them (what
+    ``vllm bench serve --max-concurrency`` measures). The engine's own step loop
+    (``LLMEngine.add_request``/``step``), so no HTTP cost is timed."""
+    engine = llm.llm_engine
+    tag = f"c{concurrency}-{time.monotonic_ns()}-"
+    outputs: list[list[int] | None] = [None] * len(prompts)
+    before = counters(llm.get_metrics())
+    nxt = running = 0
+    g0 = time.perf_counter()
+    while nxt < len(prompts) or running:
+        while running < concurrency and nxt < len(prompts):
+            engine.add_request(f"{tag}{nxt}", prompts[nxt], params[nxt])
+            nxt += 1
+            running += 1
+        for out in engine.step():
+            # our id (vLLM may report it with its own uniqueness suffix appended)
+            mine = re.match(re.escape(tag) + r"(\d+)", str(out.request_id))
+            if out.finished and mine:
+                outputs[int(mine.group(1))] = [int(t) for t in out.outputs[0].token_ids]
+                running -= 1
+    wall = time.perf_counter() - g0
+    if any(o is None for o in outputs):
+        raise RuntimeError(f"concurrency {concurrency}: a request finished without its output")
+    done = [o for o in outputs if o is not None]
+    return generation_run(done, wall, counters(llm.get_metrics()), before, concurrency=concurrency)
+
+
+def run(job: dict[str, Any]) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    from vllm import LLM, SamplingParams
+
+    import_s = time.perf_counter() - t0
+    os.environ.pop(vllm_expand.RECORD_VAR, None)  # recorded afresh by this LLM's plugins
+    llm = LLM(**job["llm"])
+    load_s = time.perf_counter() - t0 - import_s
+    prompts = [{"prompt_token_ids": list(p)} for p in job["prompts"]]
+    if prompts:  # warm-up: first-request costs are not the draft's
+        llm.generate(
+            prompts[:1],
+            SamplingParams(temperature=0.0, max_tokens=4, detokenize=False),
+            use_tqdm=False,
+        )
+    labels: list[str] | None = job.get("labels")
+    result = one_at_a_time(llm, prompts, sampling(job, job, len(prompts)), labels)
+    passes: dict[str, Any] = {}
+    for spec in job.get("passes", []):  # the same engine: no second load
+        params = sampling(job, spec, len(prompts))
+        c = int(spec.get("concurrency", 1))
+        if c == 1:
+            passes[spec["name"]] = one_at_a_time(
+                llm, prompts, params, labels if spec.get("labels") else None
+            )
+        else:
+            passes[spec["name"]] = in_flight(llm, prompts, params, c)
+    return {
+        **result,
+        "import_s": import_s,
+        "load_s": load_s,
+        "env": {k: v for k, v in os.environ.items() if k.startswith("VLLM_")},
+        "vllm_patches": vllm_expand.applied(),
+        **({"passes": passes} if passes else {}),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -108,6 +108,17 @@ def figures_by_set(
     return out
 
 
+def vllm_by_set(
+    prompts: Sequence[EvalPrompt], group_counters: dict[str, dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """vLLM's figures per prompt set from one pass's per-label counters (a sampled pass:
+    no decoder of ours to set beside them)."""
+    return {
+        name: _vllm(group_counters, {p.group for p in prompts if p.set == name})
+        for name in dict.fromkeys(p.set for p in prompts)
+    }
+
+
 def headline_by_set(sets: dict[str, dict[str, Any]]) -> dict[str, float | None]:
     """Acceptance length per set: vLLM's counters' where vLLM ran, else ours (vLLM style,
     1 + accepted / drafts: the figure vLLM's CI publishes)."""

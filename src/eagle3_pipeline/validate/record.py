@@ -56,4 +56,13 @@ class ValidateRecord(Record):
     # validate.k_sweep: the K with the best single-stream speedup, and that speedup
     vllm_best_k: int | None = optional(headline=True)
     vllm_best_k_speedup: float | None = optional(headline=True)
+    # validate.temperature: vLLM's acceptance length per prompt set in the draft engine's
+    # sampled pass (its rejection sampler decides; K above, one stream), and pooled
+    acceptance_by_set_sampled: dict[str, float | None] | None = optional(headline=True)
+    vllm_sampled_acceptance_length: float | None = optional()
+    # validate.concurrency: vLLM's output tokens/s with / without the draft per number of
+    # requests in flight ("1" is vllm_speedup), and the lowest level measured where that is
+    # below 1: the draft stops paying there (null: it pays at every level measured)
+    vllm_speedup_by_concurrency: dict[str, float | None] | None = optional(headline=True)
+    vllm_break_even_concurrency: int | None = optional(headline=True)
     vllm: dict[str, Any] | None = optional()  # every vLLM figure, commands and workarounds

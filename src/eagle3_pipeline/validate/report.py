@@ -13,6 +13,8 @@ from __future__ import annotations
 import io
 from typing import Any
 
+from eagle3_pipeline.validate.report_serving import concurrency_png, serving_lines
+
 PACKAGES = ("eagle3-pipeline", "speculators", "torch", "transformers", "vllm", "dvc")
 
 
@@ -208,6 +210,7 @@ def markdown_report(m: dict[str, Any]) -> str:
     v = m.get("vllm")
     if v:
         lines += ["", "## In vLLM", "", *_vllm_lines(v)]
+        lines += serving_lines(v, acc["k"], acc["max_new_tokens"])
     if ck.get("serve_command"):
         lines += ["", "## Serve it", "", f"```\n{ck['serve_command']}\n```"]
     if ck.get("findings"):
@@ -309,6 +312,24 @@ def model_card(m: dict[str, Any]) -> str:
             f"{_fmt(v.get('mean_acceptance_length'))}; single-stream speedup in vLLM "
             f"{_fmt(v.get('speedup'), 2)}x ({m['dtype']} on {m['device']})."
         )
+        if v.get("sampled"):
+            s = v["sampled"]
+            lines.append(
+                f"At temperature {s['temperature']} (vLLM's rejection sampler, K={acc['k']}): "
+                + ", ".join(
+                    f"{n} {_fmt(f['mean_acceptance_length'])}" for n, f in s["sets"].items()
+                )
+                + "."
+            )
+        if v.get("concurrency"):
+            lines.append(
+                "Speedup in vLLM per requests in flight (T=0): "
+                + ", ".join(
+                    f"{r['concurrency']}: {_fmt(r['speedup'], 2)}x"
+                    for r in v["concurrency"]["levels"]
+                )
+                + "."
+            )
     lines += [
         "",
         "## Training data",
@@ -341,6 +362,11 @@ def validation_files(m: dict[str, Any]) -> dict[str, bytes]:
         "README.md": model_card(m).encode("utf-8"),
         "acceptance.png": acceptance_png(acc, title),
     }
+    conc = (m.get("vllm") or {}).get("concurrency")
+    if conc and any(r["speedup"] is not None for r in conc["levels"]):
+        files["speedup_by_concurrency.png"] = concurrency_png(
+            conc, f"{m['target']['name']}: speedup per requests in flight, K={acc['k']}, T=0"
+        )
     if m.get("sets"):
         files["acceptance_by_set.png"] = sets_png(
             m["sets"], acc["k"], f"{m['target']['name']}: acceptance per prompt set, K={acc['k']}"

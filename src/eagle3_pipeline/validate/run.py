@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from eagle3_pipeline.validate.acceptance import Prompt
 from eagle3_pipeline.validate.by_set import figures_by_set, headline_by_set
 from eagle3_pipeline.validate.prompt_sets import EvalPrompt
 from eagle3_pipeline.validate.record import ValidateRecord
+from eagle3_pipeline.validate.sweeps import speedup_by_concurrency
 
 log = logging.getLogger(__name__)
 
@@ -174,24 +176,46 @@ def measure_vllm(
     from eagle3_pipeline.serving.engine import build_engine, log_file
     from eagle3_pipeline.serving.env import VllmEnvError, find_python
     from eagle3_pipeline.serving.offline import VllmRunError, run_offline
+    from eagle3_pipeline.validate.sweeps import (
+        SAMPLED,
+        baseline_passes,
+        concurrency_figures,
+        concurrency_plan,
+        draft_passes,
+        level_name,
+        sampled_figures,
+    )
     from eagle3_pipeline.validate.vllm import VllmError, compare, k_sweep_figures, run_served
 
     v = cfg.validate
     ids = [p.prompt_ids for p in prompts]
     labels = [p.group for p in prompts]
+    levels, skipped = concurrency_plan(v.concurrency, len(ids))
+    if skipped:
+        log.warning(
+            "validate.concurrency: %s skipped: only %d prompts are decoded, fewer than the "
+            "requests that would be in flight (raise validate.num_prompts or add prompt sets)",
+            skipped,
+            len(ids),
+        )
+    passes = {
+        "with_draft": draft_passes(v.temperature, cfg.seed, levels),
+        "without_draft": baseline_passes(levels),
+    }
     stops = stop_token_ids(spec.path)
     model = spec.path or spec.hub_id
+    seqs = max(v.concurrency)  # the engines admit the largest level measured
     engines = {
         "with_draft": build_engine(
-            cfg, spec, model, "validate", dtype=dtype, draft_dir=draft_dir, k=k
+            cfg, spec, model, "validate", dtype=dtype, draft_dir=draft_dir, k=k, max_num_seqs=seqs
         ),
-        "without_draft": build_engine(cfg, spec, model, "baseline", dtype=dtype),
+        "without_draft": build_engine(cfg, spec, model, "baseline", dtype=dtype, max_num_seqs=seqs),
     }
     runs: dict[str, dict[str, Any]] = {}
     try:
         python = find_python(cfg.vllm.python)
 
-        def run(name: str, engine: Any) -> dict[str, Any]:
+        def run(name: str, engine: Any, extra: Sequence[Any] = ()) -> dict[str, Any]:
             log_path = log_file(cfg, f"validate_{name}")
             if v.vllm_mode == "offline":
                 res = run_offline(
@@ -201,8 +225,9 @@ def measure_vllm(
                     v.max_new_tokens,
                     stops,
                     log_path,
-                    timeout_s=cfg.vllm.startup_timeout_s + 3600,
+                    timeout_s=cfg.vllm.startup_timeout_s + 3600 * (1 + len(extra)),
                     labels=labels,
+                    passes=extra,
                 )
             else:
                 res = run_served(
@@ -217,6 +242,7 @@ def measure_vllm(
                     cfg.vllm.shutdown_timeout_s,
                     v.server.concurrency,
                     labels=labels,
+                    passes=extra,
                 )
             log.info(
                 "vLLM %s: %d tokens at %.1f tokens/s (engine ready in %.0f s)",
@@ -225,12 +251,30 @@ def measure_vllm(
                 res["tokens_per_s"] or 0.0,
                 res.get("load_s") or 0.0,
             )
+            for pname, pres in (res.get("passes") or {}).items():
+                log.info(
+                    "vLLM %s, pass %s: %d tokens at %.1f tokens/s",
+                    name,
+                    pname,
+                    pres["generated_tokens"],
+                    pres["tokens_per_s"] or 0.0,
+                )
             return res
 
         for name, engine in engines.items():
-            runs[name] = run(name, engine)
+            runs[name] = run(name, engine, passes[name])
         out = compare(ours, runs["with_draft"], runs["without_draft"], k)
         out["group_counters"] = runs["with_draft"].get("group_counters", {})
+        done = {name: r.get("passes") or {} for name, r in runs.items()}
+        if v.temperature is not None:
+            out["sampled"] = sampled_figures(
+                done["with_draft"][SAMPLED], v.temperature, cfg.seed, prompts
+            )
+        out["concurrency"] = concurrency_figures(
+            {1: runs["with_draft"], **{c: done["with_draft"][level_name(c)] for c in levels}},
+            {1: runs["without_draft"], **{c: done["without_draft"][level_name(c)] for c in levels}},
+            skipped,
+        )
         if v.k_sweep:  # the same draft at each K; the same run without it as the baseline
             sweep = {k: runs["with_draft"]}
             for kk in sorted(set(v.k_sweep) - {k}):
@@ -358,6 +402,7 @@ def validate_draft(cfg: Config, device: str, dtype: str) -> tuple[ValidateRecord
         )
     if vllm is not None:
         check_set_agreement(sets, dtype, cfg)
+        log_serving(vllm, k)
 
     in_vllm: dict[str, Any] = (
         {}
@@ -371,6 +416,16 @@ def validate_draft(cfg: Config, device: str, dtype: str) -> tuple[ValidateRecord
             "vllm_speedup": vllm["speedup"],
             "vllm_best_k": vllm.get("best_k"),  # with validate.k_sweep only
             "vllm_best_k_speedup": vllm.get("best_k_speedup"),
+            "acceptance_by_set_sampled": (
+                {n: f["mean_acceptance_length"] for n, f in vllm["sampled"]["sets"].items()}
+                if "sampled" in vllm
+                else None
+            ),
+            "vllm_sampled_acceptance_length": (vllm.get("sampled") or {}).get(
+                "mean_acceptance_length"
+            ),
+            "vllm_speedup_by_concurrency": speedup_by_concurrency(vllm["concurrency"]),
+            "vllm_break_even_concurrency": vllm["concurrency"]["break_even_concurrency"],
             "vllm": vllm,
         }
     )
@@ -426,6 +481,40 @@ def validate_draft(cfg: Config, device: str, dtype: str) -> tuple[ValidateRecord
         "versions": installed_versions(PACKAGES),
     }
     return record, context
+
+
+def log_serving(vllm: dict[str, Any], k: int) -> None:
+    """The sampled and concurrency figures, one line each."""
+    sampled = vllm.get("sampled")
+    if sampled:
+        log.info(
+            "vLLM at temperature %s (seed %s, K=%d, concurrency 1): acceptance length %s; %s",
+            sampled["temperature"],
+            sampled["seed"],
+            k,
+            _fmt(sampled["mean_acceptance_length"]),
+            ", ".join(
+                f"{n} {_fmt(f['mean_acceptance_length'])}" for n, f in sampled["sets"].items()
+            ),
+        )
+    conc = vllm["concurrency"]
+    for r in conc["levels"]:
+        log.info(
+            "vLLM at concurrency %d (T=0, K=%d): %.1f -> %.1f tokens/s, speedup %sx, "
+            "acceptance length %s",
+            r["concurrency"],
+            k,
+            r["tokens_per_s_without_draft"] or 0.0,
+            r["tokens_per_s_with_draft"] or 0.0,
+            _fmt(r["speedup"]),
+            _fmt(r["acceptance_length"]),
+        )
+    b = conc["break_even_concurrency"]
+    top = max(r["concurrency"] for r in conc["levels"])
+    log.info(
+        "the draft %s",
+        f"stops paying at concurrency {b}" if b else f"pays at every level measured (to {top})",
+    )
 
 
 def _fmt(x: float | None) -> str:

@@ -34,6 +34,7 @@ from eagle3_pipeline.serving.counters import (
     generation_run,
 )
 from eagle3_pipeline.serving.engine import Engine
+from eagle3_pipeline.serving.offline import Pass
 from eagle3_pipeline.serving.server import engine_server
 
 log = logging.getLogger(__name__)
@@ -106,10 +107,12 @@ def run_served(
     shutdown_timeout_s: float,
     concurrency: int = 1,
     labels: Sequence[str] | None = None,
+    passes: Sequence[Pass] = (),
 ) -> dict[str, Any]:
     """The same measurement as :mod:`eagle3_pipeline.serving.worker`, through ``vllm serve``.
     With ``labels`` (one per prompt) the prompts of one label run together, ``concurrency``
-    at a time, and ``/metrics`` is read between labels: ``group_counters`` per label."""
+    at a time, and ``/metrics`` is read between labels: ``group_counters`` per label.
+    ``passes`` decode the prompts again on the same server (``result["passes"][name]``)."""
     from openai import OpenAI
 
     t0 = time.perf_counter()
@@ -129,12 +132,13 @@ def run_served(
             base_url=f"{server.url}/v1", api_key=server.api_key, timeout=600.0, max_retries=0
         )
 
-        def complete(ids: Sequence[int], n: int = max_tokens) -> list[int]:
+        def complete(ids: Sequence[int], temperature: float, seed: int | None) -> list[int]:
             out = client.completions.create(
                 model=engine.served_model_name,
                 prompt=list(ids),
-                max_tokens=n,
-                temperature=0.0,
+                max_tokens=max_tokens,
+                temperature=temperature,
+                seed=seed,
                 extra_body={
                     "return_token_ids": True,
                     "stop_token_ids": list(stop_token_ids),
@@ -146,37 +150,58 @@ def run_served(
                 raise VllmError("the server returned no token_ids (is this vLLM?)")
             return [int(t) for t in tokens]
 
-        if prompts:
+        def one_pass(
+            lab: Sequence[str] | None, width: int, temperature: float, seed: int | None
+        ) -> dict[str, Any]:
+            order: dict[str, list[int]] = {}
+            for i, label in enumerate(lab if lab is not None else [""] * len(prompts)):
+                order.setdefault(label, []).append(i)
+            outputs: list[list[int]] = [[] for _ in prompts]
+            groups: dict[str, dict[str, Any]] = {}
+            before = last = _scrape(server.url)
+            reading = 0.0  # scrapes between labels: not generation
+            g0 = time.perf_counter()
+            with ThreadPoolExecutor(max_workers=max(1, width)) as pool:
+                for label, idx in order.items():
+                    seeds = [None if seed is None else seed + i for i in idx]
+                    outs = pool.map(
+                        complete, [prompts[i] for i in idx], [temperature] * len(idx), seeds
+                    )
+                    for i, out in zip(idx, outs, strict=True):
+                        outputs[i] = out
+                    if lab is not None:
+                        m0 = time.perf_counter()
+                        now = _scrape(server.url)
+                        groups[label] = counter_delta(now, last)
+                        last = now
+                        reading += time.perf_counter() - m0
+            wall = time.perf_counter() - g0 - reading
+            extra = {"group_counters": groups} if lab is not None else {}
+            return generation_run(outputs, wall, _scrape(server.url), before, **extra)
+
+        if prompts:  # warm-up: first-request costs are not the draft's
             client.completions.create(
                 model=engine.served_model_name,
                 prompt=list(prompts[0]),
                 max_tokens=4,
                 temperature=0.0,
             )
-        order: dict[str, list[int]] = {}
-        for i, label in enumerate(labels if labels is not None else [""] * len(prompts)):
-            order.setdefault(label, []).append(i)
-        outputs: list[list[int]] = [[] for _ in prompts]
-        groups: dict[str, dict[str, Any]] = {}
-        before = last = _scrape(server.url)
-        reading = 0.0  # scrapes between labels: not generation
-        g0 = time.perf_counter()
-        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-            for label, idx in order.items():
-                for i, out in zip(idx, pool.map(complete, [prompts[i] for i in idx]), strict=True):
-                    outputs[i] = out
-                if labels is not None:
-                    m0 = time.perf_counter()
-                    now = _scrape(server.url)
-                    groups[label] = counter_delta(now, last)
-                    last = now
-                    reading += time.perf_counter() - m0
-        wall = time.perf_counter() - g0 - reading
-        after = _scrape(server.url)
-    extra = {"group_counters": groups} if labels is not None else {}
-    return generation_run(
-        outputs, wall, after, before, load_s=load_s, run_s=time.perf_counter() - t0, **extra
-    )
+        result = one_pass(labels, concurrency, 0.0, None)
+        done = {
+            p.name: one_pass(
+                labels if p.labels else None,
+                p.concurrency,
+                p.temperature,
+                p.seed,
+            )
+            for p in passes
+        }
+    if done:
+        result["passes"] = {
+            name: {**run, **({"concurrency": p.concurrency} if p.concurrency > 1 else {})}
+            for p, (name, run) in zip(passes, done.items(), strict=True)
+        }
+    return {**result, "load_s": load_s, "run_s": time.perf_counter() - t0}
 
 
 # --------------------------------------------------------------------------- verdict

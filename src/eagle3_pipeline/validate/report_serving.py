@@ -1,0 +1,138 @@
+"""The report's serving section: acceptance at temperature > 0, the speedup per number of
+requests in flight (a table and ``speedup_by_concurrency.png``) and the K sweep.
+
+Every figure here is vLLM's own (its counters and its clock); the section says under
+which temperature, K and concurrency each was measured.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def sampled_lines(s: dict[str, Any], k: int, max_new_tokens: int) -> list[str]:
+    lines = [
+        f"Acceptance length at temperature {s['temperature']} (seed {s['seed']}: prompt i "
+        f"sampled with seed + i; K={k}, one request at a time, at most {max_new_tokens} new "
+        "tokens): vLLM's rejection sampler decides what is accepted. From vLLM's counters "
+        f"(1 + accepted/drafts): **{_fmt(s['mean_acceptance_length'])}** pooled "
+        f"({s['num_accepted_tokens']} accepted / {s['num_drafts']} drafts).",
+        "",
+        "| prompt set | T=" + str(s["temperature"]) + " | per position (rate of drafts) |",
+        "|---|---:|---|",
+    ]
+    for name, f in s["sets"].items():
+        rates = " / ".join(_fmt(r) for r in f["per_position_rate"])
+        lines.append(f"| {name} | **{_fmt(f['mean_acceptance_length'])}** | {rates} |")
+    return lines
+
+
+def concurrency_lines(c: dict[str, Any], k: int) -> list[str]:
+    b = c["break_even_concurrency"]
+    top = max(r["concurrency"] for r in c["levels"])
+    lines = [
+        f"Output tokens/s in vLLM with and without the draft, K={k}, temperature 0, with N "
+        "requests in flight (a new one starts as one finishes) over every prompt decoded "
+        "above:",
+        "",
+        "| requests in flight | without the draft (tokens/s) | with it (tokens/s) | speedup "
+        "| acceptance length | same outputs |",
+        "|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in c["levels"]:
+        lines.append(
+            f"| {r['concurrency']} | {_fmt(r['tokens_per_s_without_draft'], 1)} | "
+            f"{_fmt(r['tokens_per_s_with_draft'], 1)} | **{_fmt(r['speedup'], 2)}x** | "
+            f"{_fmt(r['acceptance_length'])} | {_fmt(r['same_outputs'])} |"
+        )
+    lines += [
+        "",
+        (
+            f"The draft stops paying at **{b}** requests in flight (the lowest level measured "
+            "where its speedup is below 1)."
+            if b
+            else f"The draft pays at every level measured (up to {top} requests in flight)."
+        ),
+    ]
+    if c.get("skipped"):
+        lines.append(
+            f"Not measured: {c['skipped']} (fewer prompts than requests in flight; raise "
+            "validate.num_prompts)."
+        )
+    lines += ["", "![speedup per concurrency](speedup_by_concurrency.png)"]
+    return lines
+
+
+def k_sweep_lines(v: dict[str, Any]) -> list[str]:
+    lines = [
+        "The same draft served at each K (temperature 0, one request at a time); the "
+        f"recommended K is the one vLLM delivers most tokens/s with: **K={v['best_k']}** "
+        f"({_fmt(v['best_k_speedup'], 2)}x), not the one with the longest acceptance.",
+        "",
+        "| K | acceptance length | tokens/s | speedup | lossless |",
+        "|---:|---:|---:|---:|---|",
+    ]
+    for r in v["k_sweep"]:
+        lines.append(
+            f"| {r['k']} | {_fmt(r['acceptance_length'])} | {_fmt(r['tokens_per_s'], 1)} | "
+            f"{_fmt(r['speedup'], 2)}x | {_fmt(r['lossless'])} |"
+        )
+    return lines
+
+
+def serving_lines(v: dict[str, Any], k: int, max_new_tokens: int) -> list[str]:
+    """The report's sections for what vLLM measured beyond the greedy single stream."""
+    lines: list[str] = []
+    if v.get("sampled"):
+        lines += [
+            "",
+            "## Sampled (temperature > 0)",
+            "",
+            *sampled_lines(v["sampled"], k, max_new_tokens),
+        ]
+    if v.get("concurrency"):
+        lines += ["", "## Under load", "", *concurrency_lines(v["concurrency"], k)]
+    if v.get("k_sweep"):
+        lines += ["", "## K", "", *k_sweep_lines(v)]
+    return lines
+
+
+def concurrency_png(c: dict[str, Any], title: str) -> bytes:
+    """Speedup per number of requests in flight (log2 axis), with the break-even line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in c["levels"] if r["speedup"] is not None]
+    xs = [r["concurrency"] for r in rows]
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    ax.plot(xs, [r["speedup"] for r in rows], marker="o", label="with / without the draft")
+    ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="break-even")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, [str(x) for x in xs])
+    ax.set_xlabel("requests in flight")
+    ax.set_ylabel("speedup (output tokens/s)")
+    ax.legend(fontsize=8)
+    ax2.plot(xs, [r["tokens_per_s_without_draft"] for r in rows], marker="o", label="target alone")
+    ax2.plot(xs, [r["tokens_per_s_with_draft"] for r in rows], marker="o", label="with the draft")
+    ax2.set_xscale("log", base=2)
+    ax2.set_xticks(xs, [str(x) for x in xs])
+    ax2.set_xlabel("requests in flight")
+    ax2.set_ylabel("output tokens/s")
+    ax2.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    return buf.getvalue()

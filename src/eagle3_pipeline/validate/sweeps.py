@@ -1,0 +1,101 @@
+"""What a draft does under serving conditions, from vLLM alone: sampled acceptance and
+the speedup per number of requests in flight.
+
+Why beyond the greedy single stream: users sample (temperature > 0, where vLLM's
+rejection sampler accepts a draft token with probability min(1, p/q) instead of on an
+exact match) and serve many users at once, where the target's forward is already busy
+with other sequences and the draft's extra tokens stop being free. A draft that pays at
+one greedy stream can stop paying under load, so both are measured on the engines the
+stage already loaded (:class:`~eagle3_pipeline.serving.offline.Pass`) and reported from
+vLLM's counters and clocks. No figure here has one of ours beside it: sampled decoding
+cannot be replayed outside vLLM token for token.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from eagle3_pipeline.serving.offline import Pass
+from eagle3_pipeline.validate.by_set import vllm_by_set
+from eagle3_pipeline.validate.prompt_sets import EvalPrompt
+from eagle3_pipeline.validate.vllm import acceptance_figures
+
+log = logging.getLogger(__name__)
+
+SAMPLED = "sampled"
+
+
+def concurrency_plan(levels: Sequence[int], prompts: int) -> tuple[list[int], list[int]]:
+    """``(measured, skipped)``: the levels above 1 with at least as many prompts as
+    requests in flight (1 is the single-stream run itself), and those without."""
+    above = sorted({c for c in levels if c > 1})
+    return [c for c in above if c <= prompts], [c for c in above if c > prompts]
+
+
+def level_name(c: int) -> str:
+    return f"c{c}"
+
+
+def draft_passes(temperature: float | None, seed: int, levels: Sequence[int]) -> list[Pass]:
+    """The passes of the engine with the draft: sampled (per label), then each level."""
+    out = [] if temperature is None else [Pass(SAMPLED, temperature, seed, labels=True)]
+    return out + [Pass(level_name(c), concurrency=c) for c in levels]
+
+
+def baseline_passes(levels: Sequence[int]) -> list[Pass]:
+    """The target alone at each level (its single stream is its main run)."""
+    return [Pass(level_name(c), concurrency=c) for c in levels]
+
+
+def sampled_figures(
+    run: dict[str, Any], temperature: float, seed: int, prompts: Sequence[EvalPrompt]
+) -> dict[str, Any]:
+    """vLLM's acceptance at ``temperature``, pooled and per prompt set."""
+    return {
+        "temperature": temperature,
+        "seed": seed,
+        **acceptance_figures(run["counters"]),
+        "sets": vllm_by_set(prompts, run.get("group_counters", {})),
+        "generated_tokens": run["generated_tokens"],
+        "tokens_per_s": run.get("tokens_per_s"),
+    }
+
+
+def concurrency_figures(
+    with_draft: dict[int, dict[str, Any]],
+    without_draft: dict[int, dict[str, Any]],
+    skipped: Sequence[int] = (),
+) -> dict[str, Any]:
+    """Per level: output tokens/s with and without the draft, the speedup, vLLM's
+    acceptance length at that level, and whether greedy outputs matched (batched float
+    arithmetic may flip a near-tie: reported, not judged). ``break_even_concurrency``: the
+    lowest level measured where the draft no longer pays (speedup < 1); None when it pays
+    at every level measured."""
+    rows = []
+    for c in sorted(with_draft):
+        d, b = with_draft[c], without_draft[c]
+        tps_d, tps_b = d.get("tokens_per_s"), b.get("tokens_per_s")
+        rows.append(
+            {
+                "concurrency": c,
+                "tokens_per_s_with_draft": tps_d,
+                "tokens_per_s_without_draft": tps_b,
+                "speedup": tps_d / tps_b if tps_d and tps_b else None,
+                "acceptance_length": acceptance_figures(d["counters"])["mean_acceptance_length"],
+                "same_outputs": d["outputs"] == b["outputs"],
+                "generated_tokens": d["generated_tokens"],
+            }
+        )
+    losing = [r["concurrency"] for r in rows if r["speedup"] is not None and r["speedup"] < 1]
+    return {
+        "levels": rows,
+        "break_even_concurrency": min(losing) if losing else None,
+        "skipped": list(skipped),
+    }
+
+
+def speedup_by_concurrency(figures: dict[str, Any]) -> dict[str, float | None]:
+    """``{"1": x, "4": y, ...}``: the headline (string keys: a metrics file's keys)."""
+    return {str(r["concurrency"]): r["speedup"] for r in figures["levels"]}
