@@ -133,6 +133,6 @@ def test_the_report_states_temperature_k_and_concurrency_and_draws_the_plot():
     assert "temperature 0.7 (seed 0" in text and "K=1" in text
     assert "| mt_bench | **1.500** |" in text
     assert "| 4 | 33.0 | 30.0 | **0.91x** |" in text
-    assert "stops paying at **4** requests in flight" in text
+    assert "stops paying at concurrency **4**" in text
     assert "Not measured: [16]" in text
     assert concurrency_png(conc, "t")[:4] == b"\x89PNG"

@@ -57,8 +57,8 @@ def concurrency_lines(c: dict[str, Any], k: int) -> list[str]:
     lines += [
         "",
         (
-            f"The draft stops paying at **{b}** requests in flight (the lowest level measured "
-            "where its speedup is below 1)."
+            f"The draft stops paying at concurrency **{b}** (the lowest number of requests in "
+            "flight measured where its speedup is below 1)."
             if b
             else f"The draft pays at every level measured (up to {top} requests in flight)."
         ),
