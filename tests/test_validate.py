@@ -162,18 +162,13 @@ def test_stage_writes_metrics_report_plot_and_model_card(workdir: Path) -> None:
         "acceptance_length": m["acceptance_length"],
         "vllm_speedup": m["vllm_speedup"],
         "lossless": True,
-        # at temperature 0.7 (the default), from the sampled pass's counters
-        "acceptance_by_set_sampled": {"heldout": m["vllm"]["sampled"]["mean_acceptance_length"]},
-        # 3 prompts: levels 4 and 16 skipped, 1 is the single stream above
-        "vllm_speedup_by_concurrency": {"1": m["vllm_speedup"]},
-        # vllm_break_even_concurrency: a number only where the draft stops paying
-        **(
-            {"vllm_break_even_concurrency": 1}
-            if m["vllm_break_even_concurrency"] is not None
-            else {}
-        ),
     }
+    # the held-out set alone: the serving figures stay in the details (the table's width)
+    assert "acceptance_by_set_sampled" not in m and "vllm_speedup_by_concurrency" not in m
+    assert m["vllm"]["sampled"]["temperature"] == 0.7 and m["vllm"]["sampled"]["num_drafts"] > 0
+    # 3 prompts: levels 4 and 16 skipped, 1 is the single stream above
     assert m["vllm"]["concurrency"]["skipped"] == [4, 16]
+    assert [r["concurrency"] for r in m["vllm"]["concurrency"]["levels"]] == [1]
     points = json.loads((live / "plots/custom/acceptance_per_position.json").read_text())
     assert [p["acceptance"] for p in points] == m["per_position_rate"]
     assert (live / "plots/images/acceptance.png").read_bytes()[:4] == b"\x89PNG"

@@ -57,7 +57,9 @@ class ValidateRecord(Record):
     vllm_best_k: int | None = optional(headline=True)
     vllm_best_k_speedup: float | None = optional(headline=True)
     # validate.temperature: vLLM's acceptance length per prompt set in the draft engine's
-    # sampled pass (its rejection sampler decides; K above, one stream), and pooled
+    # sampled pass (its rejection sampler decides; K above, one stream), and pooled. This
+    # and the two concurrency fields are set beside benchmark prompt sets only (on the
+    # held-out set alone they stay in ``vllm``: sampled, concurrency)
     acceptance_by_set_sampled: dict[str, float | None] | None = optional(headline=True)
     vllm_sampled_acceptance_length: float | None = optional()
     # validate.concurrency: vLLM's output tokens/s with / without the draft per number of
