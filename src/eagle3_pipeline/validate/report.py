@@ -14,16 +14,9 @@ import io
 from typing import Any
 
 from eagle3_pipeline.validate.report_serving import concurrency_png, serving_lines
+from eagle3_pipeline.validate.report_serving import fmt as _fmt
 
 PACKAGES = ("eagle3-pipeline", "speculators", "torch", "transformers", "vllm", "dvc")
-
-
-def _fmt(value: Any, digits: int = 3) -> str:
-    if value is None:
-        return "n/a"
-    if isinstance(value, float):
-        return f"{value:.{digits}f}"
-    return str(value)
 
 
 def acceptance_png(acc: dict[str, Any], title: str) -> bytes:

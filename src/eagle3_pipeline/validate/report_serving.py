@@ -11,7 +11,8 @@ import io
 from typing import Any
 
 
-def _fmt(value: Any, digits: int = 3) -> str:
+def fmt(value: Any, digits: int = 3) -> str:
+    """A figure as the report prints it: n/a for none, floats to ``digits`` places."""
     if value is None:
         return "n/a"
     if isinstance(value, float):
@@ -24,15 +25,15 @@ def sampled_lines(s: dict[str, Any], k: int, max_new_tokens: int) -> list[str]:
         f"Acceptance length at temperature {s['temperature']} (seed {s['seed']}: prompt i "
         f"sampled with seed + i; K={k}, one request at a time, at most {max_new_tokens} new "
         "tokens): vLLM's rejection sampler decides what is accepted. From vLLM's counters "
-        f"(1 + accepted/drafts): **{_fmt(s['mean_acceptance_length'])}** pooled "
+        f"(1 + accepted/drafts): **{fmt(s['mean_acceptance_length'])}** pooled "
         f"({s['num_accepted_tokens']} accepted / {s['num_drafts']} drafts).",
         "",
         "| prompt set | T=" + str(s["temperature"]) + " | per position (rate of drafts) |",
         "|---|---:|---|",
     ]
     for name, f in s["sets"].items():
-        rates = " / ".join(_fmt(r) for r in f["per_position_rate"])
-        lines.append(f"| {name} | **{_fmt(f['mean_acceptance_length'])}** | {rates} |")
+        rates = " / ".join(fmt(r) for r in f["per_position_rate"])
+        lines.append(f"| {name} | **{fmt(f['mean_acceptance_length'])}** | {rates} |")
     return lines
 
 
@@ -50,9 +51,9 @@ def concurrency_lines(c: dict[str, Any], k: int) -> list[str]:
     ]
     for r in c["levels"]:
         lines.append(
-            f"| {r['concurrency']} | {_fmt(r['tokens_per_s_without_draft'], 1)} | "
-            f"{_fmt(r['tokens_per_s_with_draft'], 1)} | **{_fmt(r['speedup'], 2)}x** | "
-            f"{_fmt(r['acceptance_length'])} | {_fmt(r['same_outputs'])} |"
+            f"| {r['concurrency']} | {fmt(r['tokens_per_s_without_draft'], 1)} | "
+            f"{fmt(r['tokens_per_s_with_draft'], 1)} | **{fmt(r['speedup'], 2)}x** | "
+            f"{fmt(r['acceptance_length'])} | {fmt(r['same_outputs'])} |"
         )
     lines += [
         "",
@@ -76,15 +77,15 @@ def k_sweep_lines(v: dict[str, Any]) -> list[str]:
     lines = [
         "The same draft served at each K (temperature 0, one request at a time); the "
         f"recommended K is the one vLLM delivers most tokens/s with: **K={v['best_k']}** "
-        f"({_fmt(v['best_k_speedup'], 2)}x), not the one with the longest acceptance.",
+        f"({fmt(v['best_k_speedup'], 2)}x), not the one with the longest acceptance.",
         "",
         "| K | acceptance length | tokens/s | speedup | lossless |",
         "|---:|---:|---:|---:|---|",
     ]
     for r in v["k_sweep"]:
         lines.append(
-            f"| {r['k']} | {_fmt(r['acceptance_length'])} | {_fmt(r['tokens_per_s'], 1)} | "
-            f"{_fmt(r['speedup'], 2)}x | {_fmt(r['lossless'])} |"
+            f"| {r['k']} | {fmt(r['acceptance_length'])} | {fmt(r['tokens_per_s'], 1)} | "
+            f"{fmt(r['speedup'], 2)}x | {fmt(r['lossless'])} |"
         )
     return lines
 
