@@ -72,10 +72,12 @@ def main() -> None:
     torch.set_num_threads(1)  # both evaluators on one core each, as on a loaded machine
     tmp = tempfile.TemporaryDirectory()
     if args.workdir:
-        from eagle3_pipeline.compat.speculators import load_draft
+        from eagle3_pipeline.draft.checkpoint import load_trained_draft
 
         spec = _spec(args.workdir)
-        model = load_draft(args.workdir / "data/draft", spec.path, attn_implementation="sdpa")
+        model = load_trained_draft(
+            args.workdir / "data/draft", spec.path, attn_implementation="sdpa"
+        )
         source = f"{args.workdir} ({spec.name}, trained draft)"
     else:
         spec = random_target(Path(tmp.name))

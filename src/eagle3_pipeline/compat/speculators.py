@@ -20,8 +20,13 @@ def load_draft(
     verifier_dir: str | Path,
     attn_implementation: str = "sdpa",
     device: str = "cpu",
+    config: Any = None,
 ) -> Any:
     """Reload a saved EAGLE-3 draft with speculators' own code: the project's ONE reload path.
+
+    ``config``: an ``Eagle3SpeculatorConfig`` built by the caller (a draft saved in another
+    format than speculators', e.g. the MLA draft's plain config: ``draft/checkpoint.py``);
+    None reads speculators' config.json.
 
     Two speculators internals make a plain ``Eagle3DraftModel.from_pretrained(draft_dir)``
     unusable here:
@@ -46,7 +51,8 @@ def load_draft(
     verifier_dir = Path(verifier_dir)
     if not (verifier_dir / "config.json").is_file():
         raise FileNotFoundError(f"{verifier_dir}: no config.json (need the local target directory)")
-    config = SpeculatorModelConfig.from_pretrained(str(draft_dir))
+    if config is None:
+        config = SpeculatorModelConfig.from_pretrained(str(draft_dir))
     if not isinstance(config, Eagle3SpeculatorConfig):
         raise TypeError(
             f"{draft_dir}/config.json: speculators reads it as {type(config).__name__}, "
@@ -59,6 +65,25 @@ def load_draft(
     model = Eagle3DraftModel.from_pretrained(str(draft_dir), config=config)
     model.config.speculators_config.verifier.name_or_path = published_id
     return model.to(device).eval()
+
+
+def register_draft_layer(model_type: str, components: Any) -> None:
+    """Add a decoder-layer type to the ones ``Eagle3DraftModel`` builds.
+
+    speculators 0.9 picks an EAGLE-3 draft's layer classes from the dict
+    ``speculators.models.eagle3.model_definitions.model_classes`` by the layer config's
+    ``model_type`` (llama and qwen3 only), and ``Eagle3DraftModel.__init__`` reads that same
+    dict object. ``components`` is a ``speculators.models.base_components.ModelComponents``
+    (first layer, later layers, norm, rotary). ``tests/test_compat.py`` fails when the
+    dict moves or the model stops reading it."""
+    from speculators.models.eagle3 import core, model_definitions
+
+    if core.model_classes is not model_definitions.model_classes:  # pragma: no cover
+        raise RuntimeError(
+            "speculators' Eagle3DraftModel no longer reads model_definitions.model_classes: "
+            "update eagle3_pipeline.compat.speculators.register_draft_layer"
+        )
+    model_definitions.model_classes.setdefault(model_type, components)
 
 
 # --------------------------------------------------------------------------- training data

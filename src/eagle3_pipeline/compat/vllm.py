@@ -4,11 +4,13 @@ Each function says when it applies; :mod:`eagle3_pipeline.serving.engine` asks t
 nothing else decides. ``tests/test_vllm_compat.py`` runs the real vLLM and fails when a
 bug below is fixed upstream, so the workaround can then be dropped.
 
-1. **MLA off when a draft is served on the CPU build.** EAGLE-3 with MLA enabled fails
-   at engine start: "No common block size for 16 (CPU_MLA: [16]; CPU_ATTN:
+1. **MLA off when a llama / qwen3 draft is served on the CPU build.** EAGLE-3 with MLA
+   enabled fails at engine start: "No common block size for 16 (CPU_MLA: [16]; CPU_ATTN:
    [MultipleOf(32)])" — the draft's attention wants multiples of 32, CPU_MLA insists on 16
    and ``block_size=32`` is overridden. ``VLLM_MLA_DISABLE=1`` runs the target without the
-   MLA kernels; only engines with a draft pay for it (plain serving keeps MLA).
+   MLA kernels; only engines with such a draft pay for it (plain serving keeps MLA). An
+   MLA draft builds MLA attention in any case (``deepseek_eagle3``), so target and draft
+   share CPU_MLA and its block size of 16, and MLA stays on.
 2. **The rotary custom op off for MLA targets with plain rope on the CPU build.**
    ``RotaryEmbedding.forward_cpu`` is wrong for the 3-D ``[tokens, heads, rope_dim]``
    query/key that MLA passes (exact for 2-D input). Targets with yarn scaling (the real
@@ -55,9 +57,9 @@ CPU_CONNECTOR = "CpuHiddenStatesConnector"
 CPU_CONNECTOR_MODULE = "eagle3_pipeline.serving.connector"
 
 
-def mla_disabled(cpu_build: bool, mla: bool, with_draft: bool) -> bool:
-    """Workaround 1: disable MLA for this engine."""
-    return cpu_build and mla and with_draft
+def mla_disabled(cpu_build: bool, mla: bool, with_draft: bool, draft_mla: bool = False) -> bool:
+    """Workaround 1: disable MLA for this engine (``draft_mla``: the draft is an MLA one)."""
+    return cpu_build and mla and with_draft and not draft_mla
 
 
 def rotary_op_disabled(cpu_build: bool, mla: bool, rope_type: str) -> bool:
@@ -65,18 +67,29 @@ def rotary_op_disabled(cpu_build: bool, mla: bool, rope_type: str) -> bool:
     return cpu_build and mla and rope_type in ("default", "linear", "dynamic")
 
 
-def mla_backend(cpu_build: bool, mla: bool, dtype: str, with_draft: bool) -> str | None:
+def mla_backend(
+    cpu_build: bool, mla: bool, dtype: str, with_draft: bool, draft_mla: bool = False
+) -> str | None:
     """Workaround 5: the attention backend to request, or None for vLLM's choice."""
-    if cpu_build and mla and dtype == "float32" and not mla_disabled(cpu_build, mla, with_draft):
+    if (
+        cpu_build
+        and mla
+        and dtype == "float32"
+        and not mla_disabled(cpu_build, mla, with_draft, draft_mla)
+    ):
         return "CPU_MLA"
     return None
 
 
 def engine_env(
-    cpu_build: bool, mla: bool, with_draft: bool, kvcache_space_gib: float | None
+    cpu_build: bool,
+    mla: bool,
+    with_draft: bool,
+    kvcache_space_gib: float | None,
+    draft_mla: bool = False,
 ) -> dict[str, str]:
     env: dict[str, str] = {}
-    if mla_disabled(cpu_build, mla, with_draft):
+    if mla_disabled(cpu_build, mla, with_draft, draft_mla):
         env["VLLM_MLA_DISABLE"] = "1"
     if cpu_build and kvcache_space_gib:
         env["VLLM_CPU_KVCACHE_SPACE"] = f"{kvcache_space_gib:g}"

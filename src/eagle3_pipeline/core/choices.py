@@ -108,6 +108,7 @@ class DraftLayerType(Choice):
 
     llama = "llama"
     qwen3 = "qwen3"
+    mla = "mla"  # one DeepSeek-V3 MLA layer (the Kimi drafts): an MLA target only
 
 
 class OptimizerName(Choice):

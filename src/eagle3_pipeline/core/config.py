@@ -382,12 +382,30 @@ class DraftShapeConfig:
     # config. On by default as in speculators' own recipe: with Muon they took the real
     # model's vLLM acceptance length from 2.169 to 2.904 (bench/recipe.py, README).
     # An RMSNorm over the concatenated aux states before ``fc`` (tensor ``input_norm``);
-    norm_before_fc: bool = True
+    # null: on, except beside fc_norm and for the mla layer (vLLM's MLA draft has no
+    # input_norm); see `norm_before_fc_on`.
+    norm_before_fc: bool | None = None
     # one RMSNorm per aux state before ``fc`` (tensors ``fc_norm.<i>``; exclusive with
     # norm_before_fc);
     fc_norm: bool = False
     # the chained steps are fed the normed decoder output instead of the raw one.
     norm_output: bool = True
+
+    @property
+    def norm_before_fc_on(self) -> bool:
+        """``norm_before_fc`` resolved: null means on unless fc_norm is (they are
+        exclusive) or the layer is mla (which vLLM serves without it)."""
+        if self.norm_before_fc is not None:
+            return self.norm_before_fc
+        return not self.fc_norm and self.layer_type != DraftLayerType.mla
+
+    def eagle3_options(self) -> dict[str, bool]:
+        """The EAGLE-3.1 switches as the draft is built with them."""
+        return {
+            "norm_before_fc": self.norm_before_fc_on,
+            "fc_norm": self.fc_norm,
+            "norm_output": self.norm_output,
+        }
 
 
 @dataclass
@@ -676,6 +694,11 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(
             "train.draft.norm_before_fc and train.draft.fc_norm are exclusive "
             "(one RMSNorm over the concatenated aux states, or one per state)"
+        )
+    if d.norm_before_fc and d.layer_type == DraftLayerType.mla:
+        raise ConfigError(
+            "train.draft.norm_before_fc=true: vLLM's MLA draft (deepseek_eagle3) has no "
+            "norm before fc and would drop it at serve time; leave it null (or use fc_norm)"
         )
     if cfg.data.source in ("file", "hf") and not cfg.data.path:
         raise ConfigError(f"data.path is required when data.source={cfg.data.source}")

@@ -9,6 +9,10 @@ Both libraries key the type by the layer config's ``model_type``: speculators' t
 CLI maps it to a transformers config class, vLLM's speculators-config reader to its
 ``Eagle3<Type>ForCausalLM``. ``tests/test_compat.py`` and ``tests/test_vllm_compat.py``
 fail when either library's list stops containing one of these.
+
+``mla`` is ours: speculators has no MLA layer (``draft/mla.py`` registers one) and vLLM
+serves it from a plain DeepSeek config, not from speculators' format
+(``draft/mla_format.py``).
 """
 
 from __future__ import annotations
@@ -22,12 +26,20 @@ from eagle3_pipeline.core.choices import DraftLayerType
 class DraftLayerKind:
     """What differs between draft layer types, for the code that sizes or checks them."""
 
-    # The layer config's model_type (speculators' draft_arch, vLLM's arch-map key).
+    # The choice (train.draft.layer_type).
     name: str
     # transformers' config class, as module:attribute (imported only when a config is built).
     config_class: str
     # Per-head RMSNorms on queries and keys (tensors self_attn.q_norm / k_norm, head_dim each).
     qk_norm: bool
+    # The layer config's model_type (speculators' draft_arch, vLLM's arch-map key).
+    model_type: str = ""
+    # Multi-head latent attention, saved in vLLM's plain DeepSeek format.
+    mla: bool = False
+
+    @property
+    def layer_model_type(self) -> str:
+        return self.model_type or self.name
 
 
 DRAFT_LAYERS: dict[str, DraftLayerKind] = {
@@ -39,10 +51,22 @@ DRAFT_LAYERS: dict[str, DraftLayerKind] = {
         DraftLayerKind(
             "qwen3", "transformers.models.qwen3.configuration_qwen3:Qwen3Config", qk_norm=True
         ),
+        DraftLayerKind(
+            "mla",
+            "transformers.models.deepseek_v3.configuration_deepseek_v3:DeepseekV3Config",
+            qk_norm=False,
+            model_type="deepseek_v3",
+            mla=True,
+        ),
     )
 }
 if set(DRAFT_LAYERS) != {t.value for t in DraftLayerType}:  # pragma: no cover - a dev error
     raise ImportError("draft.layers.DRAFT_LAYERS must describe every DraftLayerType")
+
+
+def kind_for_model_type(model_type: str) -> DraftLayerKind | None:
+    """The kind whose layer config carries ``model_type`` (what a saved config says)."""
+    return next((k for k in DRAFT_LAYERS.values() if k.layer_model_type == model_type), None)
 
 
 def config_class(kind: DraftLayerKind) -> type:

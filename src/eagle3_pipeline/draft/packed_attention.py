@@ -107,8 +107,9 @@ def sdpa_packed_forward(
     # backward to one concatenation (a slice per piece would allocate a full-size gradient)
     sizes = [e - s for s, e in pieces]
     b, h, _, d = key.shape
+    dv = value.shape[-1]  # MLA: the value head is narrower than the query/key head
     ks = key.view(b, h, blocks, n, d).transpose(2, 3).split(sizes, dim=2)
-    vs = value.view(b, h, blocks, n, d).transpose(2, 3).split(sizes, dim=2)
+    vs = value.view(b, h, blocks, n, dv).transpose(2, 3).split(sizes, dim=2)
     qs = query.split(sizes, dim=2)
     outs = []
     for (s, e), q, k, v in zip(pieces, qs, ks, vs, strict=True):
@@ -118,7 +119,7 @@ def sdpa_packed_forward(
             torch.nn.functional.scaled_dot_product_attention(
                 q,
                 k.reshape(b, h, size * blocks, d),
-                v.reshape(b, h, size * blocks, d),
+                v.reshape(b, h, size * blocks, dv),
                 attn_mask=sub,
                 dropout_p=dropout,
                 scale=scaling,

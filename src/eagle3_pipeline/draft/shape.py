@@ -24,7 +24,7 @@ from typing import Any
 
 from eagle3_pipeline.core.config import ConfigError, DraftShapeConfig, TrainConfig
 from eagle3_pipeline.draft.layers import DRAFT_LAYERS, config_class
-from eagle3_pipeline.targets.adapter import TargetSpec
+from eagle3_pipeline.targets.adapter import MlaDims, TargetSpec, read_json, split_text_config
 from eagle3_pipeline.targets.families import reasoning_markers
 
 # Every registered family's reasoning markers; those in a target's vocabulary are kept.
@@ -44,6 +44,8 @@ class DraftShape:
     intermediate_size: int
     rms_norm_eps: float
     max_position_embeddings: int
+    # The latent sizes of an MLA draft layer (the target's own); None for llama / qwen3.
+    mla: MlaDims | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -69,7 +71,10 @@ def resolve_draft_shape(draft: DraftShapeConfig, spec: TargetSpec) -> DraftShape
     hidden = spec.hidden_size
     heads = draft.num_attention_heads or spec.num_attention_heads
     mla = spec.attention == "mla"
-    if draft.head_dim is not None:
+    mla_dims = _mla_layer_dims(draft, spec)
+    if mla_dims is not None:
+        head_dim = mla_dims.qk_nope_head_dim + mla_dims.qk_rope_head_dim
+    elif draft.head_dim is not None:
         head_dim = draft.head_dim
     elif mla:
         head_dim = hidden // heads
@@ -77,7 +82,7 @@ def resolve_draft_shape(draft: DraftShapeConfig, spec: TargetSpec) -> DraftShape
         head_dim = spec.head_dim
     if draft.num_key_value_heads is not None:
         kv = draft.num_key_value_heads
-    elif mla or heads % max(1, spec.num_key_value_heads) != 0:
+    elif mla or mla_dims is not None or heads % max(1, spec.num_key_value_heads) != 0:
         kv = heads
     else:
         kv = spec.num_key_value_heads
@@ -109,7 +114,30 @@ def resolve_draft_shape(draft: DraftShapeConfig, spec: TargetSpec) -> DraftShape
         intermediate_size=width,
         rms_norm_eps=spec.rms_norm_eps,
         max_position_embeddings=int(spec.max_position_embeddings or 4096),
+        mla=mla_dims,
     )
+
+
+def _mla_layer_dims(draft: DraftShapeConfig, spec: TargetSpec) -> MlaDims | None:
+    """An MLA draft layer copies its target's latent sizes (vLLM picks the MLA kernel by
+    them; on the CPU build the target and its draft must share CPU_MLA and its block size
+    of 16). Refused for a target without MLA, and with a head_dim or kv-head override,
+    which MLA has no use for."""
+    if not DRAFT_LAYERS[str(draft.layer_type)].mla:
+        return None
+    if spec.mla is None:
+        raise ConfigError(
+            f"train.draft.layer_type=mla: the target {spec.name} has no MLA attention "
+            "(no kv_lora_rank in its config) to copy the latent sizes from; use "
+            "train.draft.layer_type=llama"
+        )
+    for key in ("head_dim", "num_key_value_heads"):
+        if getattr(draft, key) is not None:
+            raise ConfigError(
+                f"train.draft.{key}={getattr(draft, key)}: an MLA draft layer takes its "
+                "head sizes from the target's latent attention; leave it null"
+            )
+    return spec.mla
 
 
 def estimate_parameters(
@@ -137,15 +165,37 @@ def estimate_parameters(
 
     def layer(first: bool) -> int:
         inp = 2 * h if first else h
+        if shape.mla is not None:
+            return (
+                _mla_layer_parameters(shape, inp)
+                + 3 * h * shape.intermediate_size
+                + (2 * h + (h if first else 0))
+            )
         qk_norm = 2 * hd if DRAFT_LAYERS[shape.layer_type].qk_norm else 0
         norms = 2 * h + (h if first else 0) + qk_norm
         return inp * (q + 2 * kv) + q * h + 3 * h * shape.intermediate_size + norms
 
     trainable = n_aux * h * h + sum(layer(i == 0) for i in range(shape.num_layers)) + h
-    if options is not None and (options.norm_before_fc or options.fc_norm):
+    if options is not None and (options.norm_before_fc_on or options.fc_norm):
         trainable += n_aux * h
     frozen = target_vocab_size * h + 2 * draft_vocab_size * h + h
     return trainable, frozen
+
+
+def _mla_layer_parameters(shape: DraftShape, inp: int) -> int:
+    """MLA attention's weights for an input ``inp`` wide: the q path (low rank with its norm,
+    or one projection), the joint latent + rope projection, the latent norm, the up
+    projection to per-head keys and values, and the output projection."""
+    m, heads = shape.mla, shape.num_attention_heads
+    assert m is not None
+    qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+    if m.q_lora_rank is None:
+        q = inp * heads * qk
+    else:
+        q = inp * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * heads * qk
+    kv_a = inp * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank
+    kv_b = m.kv_lora_rank * heads * (m.qk_nope_head_dim + m.v_head_dim)
+    return q + kv_a + kv_b + heads * m.v_head_dim * shape.hidden_size
 
 
 def check_train_config(train: TrainConfig, spec: TargetSpec) -> DraftShape:
@@ -267,10 +317,50 @@ def load_token_freq(path: str | Path) -> dict[int, int]:
 # --------------------------------------------------------------------------- the model
 
 
-def transformer_layer_config(shape: DraftShape, vocab_size: int, n_aux: int, attn: str) -> Any:
+def transformer_layer_config(
+    shape: DraftShape, vocab_size: int, n_aux: int, attn: str, rope: dict[str, Any] | None = None
+) -> Any:
     """The draft decoder config (its layer type's class), with vLLM's fields written
-    explicitly."""
-    cfg = config_class(DRAFT_LAYERS[shape.layer_type])(
+    explicitly. ``rope``: the target's rope keys (an MLA draft shares the target's rope)."""
+    if shape.mla is not None:
+        cfg = _mla_layer_config(shape, vocab_size, rope or {})
+    else:
+        cfg = _standard_layer_config(shape, vocab_size)
+    # vLLM sizes the llama draft's fc for 3 aux states unless told otherwise.
+    cfg.num_aux_hidden_states = n_aux
+    if attn == "sdpa_packed":
+        from eagle3_pipeline.draft.packed_attention import register
+
+        register()
+    cfg._attn_implementation = attn
+    return cfg
+
+
+def _mla_layer_config(shape: DraftShape, vocab_size: int, rope: dict[str, Any]) -> Any:
+    from eagle3_pipeline.draft import mla
+
+    m = shape.mla
+    assert m is not None
+    mla.register()
+    return mla.layer_config(
+        vocab_size=vocab_size,
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_layers=shape.num_layers,
+        num_attention_heads=shape.num_attention_heads,
+        q_lora_rank=m.q_lora_rank,
+        kv_lora_rank=m.kv_lora_rank,
+        qk_nope_head_dim=m.qk_nope_head_dim,
+        qk_rope_head_dim=m.qk_rope_head_dim,
+        v_head_dim=m.v_head_dim,
+        rms_norm_eps=shape.rms_norm_eps,
+        max_position_embeddings=shape.max_position_embeddings,
+        rope=rope,
+    )
+
+
+def _standard_layer_config(shape: DraftShape, vocab_size: int) -> Any:
+    return config_class(DRAFT_LAYERS[shape.layer_type])(
         vocab_size=vocab_size,
         hidden_size=shape.hidden_size,
         intermediate_size=shape.intermediate_size,
@@ -283,14 +373,14 @@ def transformer_layer_config(shape: DraftShape, vocab_size: int, n_aux: int, att
         rms_norm_eps=shape.rms_norm_eps,
         tie_word_embeddings=False,
     )
-    # vLLM sizes the llama draft's fc for 3 aux states unless told otherwise.
-    cfg.num_aux_hidden_states = n_aux
-    if attn == "sdpa_packed":
-        from eagle3_pipeline.draft.packed_attention import register
 
-        register()
-    cfg._attn_implementation = attn
-    return cfg
+
+def target_rope(verifier_dir: str | Path) -> dict[str, Any]:
+    """The target's rope keys as its config.json spells them (nested text config read)."""
+    from eagle3_pipeline.draft.mla import target_rope as pick
+
+    config = read_json(Path(verifier_dir) / "config.json", "the target's config.json")
+    return pick(split_text_config(config)[1])
 
 
 def build_draft(
@@ -321,11 +411,15 @@ def build_draft(
     local = str(Path(verifier_dir).resolve())
     config = Eagle3SpeculatorConfig(
         transformer_layer_config=transformer_layer_config(
-            shape, spec.vocab_size, n_aux, attn_implementation
+            shape,
+            spec.vocab_size,
+            n_aux,
+            attn_implementation,
+            target_rope(verifier_dir) if shape.mla is not None else None,
         ),
         draft_vocab_size=draft_vocab_size,
         norm_before_residual=norm_before_residual,
-        norm_before_fc=bool(options and options.norm_before_fc),
+        norm_before_fc=bool(options and options.norm_before_fc_on),
         fc_norm=bool(options and options.fc_norm),
         norm_output=bool(options and options.norm_output),
         eagle_aux_hidden_state_layer_ids=list(spec.aux_layer_ids),

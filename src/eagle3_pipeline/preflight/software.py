@@ -109,8 +109,10 @@ def check_vllm(cfg: Config, result: Any) -> Check:
                 f"(`eagle3-vllm-env install --device {'cpu' if want_cpu else 'cuda'}`)"
             ],
         )
-    wanted = [o for o in EAGLE3_DRAFT_OPTIONS if getattr(cfg.train.draft, o)]
-    if wanted and cfg.validate.vllm:
+    # (an MLA draft is served from its plain config, which deepseek_eagle3 reads directly)
+    options = cfg.train.draft.eagle3_options()
+    wanted = [o for o in EAGLE3_DRAFT_OPTIONS if options[o]]
+    if wanted and cfg.validate.vllm and cfg.train.draft.layer_type != "mla":
         read = result.eagle3_options
         missing = [o for o in wanted if read is not None and o not in read]
         if missing:

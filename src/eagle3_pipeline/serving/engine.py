@@ -181,6 +181,19 @@ def cpu_build(cfg: Config) -> bool:
     return cfg.hardware.device == "cpu"
 
 
+def draft_has_mla(draft_dir: str | Path) -> bool:
+    """Whether the draft in ``draft_dir`` has MLA attention (its config carries a
+    ``kv_lora_rank``, at the top as vLLM serves an MLA draft or in a layer config)."""
+    try:
+        config = json.loads((Path(draft_dir) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    if not isinstance(config, dict):
+        return False
+    layer = config.get("transformer_layer_config")
+    return "kv_lora_rank" in config or (isinstance(layer, dict) and "kv_lora_rank" in layer)
+
+
 def build_engine(
     cfg: Config,
     spec: Any,
@@ -201,6 +214,7 @@ def build_engine(
     cpu = cpu_build(cfg)
     mla = spec.attention == "mla"
     with_draft = purpose == "validate"
+    draft_mla = with_draft and draft_dir is not None and draft_has_mla(draft_dir)
     dtype = str(dtype or cfg.model.dtype)
     eng = Engine(
         model=str(Path(model).absolute()) if Path(model).exists() else str(model),
@@ -218,8 +232,8 @@ def build_engine(
         revision=spec.revision if not Path(model).exists() else None,
         seed=cfg.seed,
         compilation_config=vllm_compat.compilation_config(cpu, mla, spec.rope_type),
-        attention_backend=vllm_compat.mla_backend(cpu, mla, dtype, with_draft),
-        env=vllm_compat.engine_env(cpu, mla, with_draft, v.cpu_kvcache_space_gib),
+        attention_backend=vllm_compat.mla_backend(cpu, mla, dtype, with_draft, draft_mla),
+        env=vllm_compat.engine_env(cpu, mla, with_draft, v.cpu_kvcache_space_gib, draft_mla),
         extra_args=list(v.extra_args),
     )
     if purpose == "validate":

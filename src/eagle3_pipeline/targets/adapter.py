@@ -36,6 +36,19 @@ from eagle3_pipeline.targets.families import (
 VLLM_EAGLE3_TARGETS = vllm_eagle3_targets()
 
 
+@dataclass(frozen=True)
+class MlaDims:
+    """An MLA target's latent attention sizes (config.json's names): what an MLA draft
+    layer copies, and what vLLM's MLA kernels are chosen by (the CPU one wants
+    kv_lora_rank + qk_rope_head_dim = 576)."""
+
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+
 @dataclass
 class TargetSpec:
     """The stable description of a target written to ``target.json``."""
@@ -69,6 +82,7 @@ class TargetSpec:
     max_position_embeddings: int | None = None
     rope_type: str = "default"  # default | yarn | ...: picks vLLM's rotary implementation
     rms_norm_eps: float = 1e-6
+    mla: MlaDims | None = None  # the latent sizes when attention == "mla"
     hub_id: str | None = None
     revision: str | None = None
     trust_remote_code: bool = False
@@ -79,7 +93,8 @@ class TargetSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TargetSpec:
-        return cls(**data)
+        mla = data.get("mla")
+        return cls(**{**data, "mla": MlaDims(**mla) if isinstance(mla, dict) else None})
 
     @property
     def verifier_id(self) -> str:
@@ -257,6 +272,20 @@ def _attention(text: dict[str, Any], hidden: int) -> dict[str, Any]:
     }
 
 
+def _mla_dims(text: dict[str, Any]) -> MlaDims | None:
+    if text.get("kv_lora_rank") is None:
+        return None
+    q_lora = text.get("q_lora_rank")
+    nope = int(text.get("qk_nope_head_dim", 0))
+    return MlaDims(
+        q_lora_rank=int(q_lora) if q_lora is not None else None,
+        kv_lora_rank=int(text["kv_lora_rank"]),
+        qk_nope_head_dim=nope,
+        qk_rope_head_dim=int(text.get("qk_rope_head_dim", 0)),
+        v_head_dim=int(text.get("v_head_dim", nope)),
+    )
+
+
 def _tied(config: dict[str, Any], key: str | None, text: dict[str, Any]) -> bool:
     """Tied embeddings; a top-level value (Kimi's False) overrides a nested default."""
     if "tie_word_embeddings" in config and key is not None:
@@ -318,6 +347,7 @@ def describe_config(
         max_position_embeddings=_first(text, "max_position_embeddings"),
         rope_type=rope_type(text),
         rms_norm_eps=float(_first(text, "rms_norm_eps", "layer_norm_epsilon", default=1e-6)),
+        mla=_mla_dims(text),
         **_provenance(model),
     )
 

@@ -1,5 +1,6 @@
-"""The trained draft in speculators' format (``save_pretrained``), which is what vLLM and
-the validate stage load."""
+"""The trained draft in the format vLLM serves it from: speculators' (``save_pretrained``)
+for llama and qwen3 layers, the plain DeepSeek config for the MLA layer
+(``draft/mla_format.py``; the weights are ``save_pretrained``'s either way)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.core.io import atomic_dir, atomic_write_text
+from eagle3_pipeline.draft import mla_format
+from eagle3_pipeline.draft.mla import LAYER_MODEL_TYPE
 from eagle3_pipeline.train.errors import TrainingError
 
 
@@ -43,5 +46,10 @@ def save_draft(
         methods = config["speculators_config"]["proposal_methods"]
         if methods[0].get("speculative_tokens") != speculative_tokens:
             raise TrainingError("speculative_tokens was not written to the draft config")
+        if model.config.transformer_layer_config.model_type == LAYER_MODEL_TYPE:
+            config = mla_format.served_config(
+                model.config, verifier["name_or_path"], speculative_tokens
+            )
+            (tmp / "config.py").unlink(missing_ok=True)  # speculators' auto_map class
         atomic_write_text(cfg_path, json.dumps(config, indent=2, sort_keys=True) + "\n")
     return config

@@ -34,6 +34,7 @@ from typing import Any
 
 from eagle3_pipeline.targets.adapter import TargetSpec
 from eagle3_pipeline.validate.checkpoint_config import CheckpointShape, check_config
+from eagle3_pipeline.validate.checkpoint_mla import check_mla_config, is_plain_mla
 from eagle3_pipeline.validate.checkpoint_reload import check_reload
 from eagle3_pipeline.validate.checkpoint_report import ERROR, INFO, WARNING, Finding, Report
 from eagle3_pipeline.validate.checkpoint_target import (
@@ -91,7 +92,10 @@ def validate_checkpoint(
     if config is None:
         return report
 
-    shape = check_config(report, config)
+    # an MLA draft is served from a plain DeepSeek config, the others from speculators'
+    shape = (
+        check_mla_config(report, config) if is_plain_mla(config) else check_config(report, config)
+    )
     config_errors = bool(report.errors)
     tensors = read_weight_headers(report, draft_dir)
     if tensors is not None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 from eagle3_pipeline.draft.layers import DRAFT_LAYERS
+from eagle3_pipeline.targets.adapter import MlaDims
 from eagle3_pipeline.validate.checkpoint_report import Report
 
 # vLLM's llama_eagle3 sizes fc for this many aux states unless num_aux_hidden_states says so.
@@ -42,12 +43,13 @@ class CheckpointShape:
     mlp_bias: bool = False
     norm_before_fc: bool = False
     fc_norm: bool = False
+    mla: MlaDims | None = None  # an MLA draft layer's latent sizes
 
 
 # --------------------------------------------------------------------------- field access
 
 
-def _is_int(value: Any) -> TypeGuard[int]:
+def is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -56,7 +58,7 @@ def _is_number(value: Any) -> bool:
 
 
 _KIND_CHECKS = {
-    "int": _is_int,
+    "int": is_int,
     "number": _is_number,
     "bool": lambda v: isinstance(v, bool),
     "str": lambda v: isinstance(v, str) and v != "",
@@ -65,7 +67,7 @@ _KIND_CHECKS = {
 }
 
 
-def _require(
+def require_field(
     report: Report,
     obj: dict[str, Any],
     key: str,
@@ -107,7 +109,7 @@ def _check_detection(report: Report, config: dict[str, Any]) -> None:
             f"top-level model_type={config['model_type']!r} present: vLLM then reads it as a "
             "plain HF model, not a speculators draft",
         )
-    smt = _require(report, config, "speculators_model_type", "speculators_model_type", "str")
+    smt = require_field(report, config, "speculators_model_type", "speculators_model_type", "str")
     if smt is not None and smt != "eagle3":
         report.error(
             "model-type",
@@ -116,7 +118,7 @@ def _check_detection(report: Report, config: dict[str, Any]) -> None:
         )
 
 
-def _check_norm_before_residual(report: Report, config: dict[str, Any]) -> None:
+def check_norm_before_residual(report: Report, config: dict[str, Any]) -> None:
     """vLLM defaults it to True, speculators to False: it must be written explicitly."""
     where = "config.json:norm_before_residual"
     if "norm_before_residual" not in config:
@@ -130,8 +132,8 @@ def _check_norm_before_residual(report: Report, config: dict[str, Any]) -> None:
         report.error("field-type", where, f"must be a bool, got {config['norm_before_residual']!r}")
 
 
-def _check_draft_vocab(report: Report, config: dict[str, Any]) -> int | None:
-    draft_vocab = _require(
+def check_draft_vocab(report: Report, config: dict[str, Any]) -> int | None:
+    draft_vocab = require_field(
         report,
         config,
         "draft_vocab_size",
@@ -145,7 +147,7 @@ def _check_draft_vocab(report: Report, config: dict[str, Any]) -> int | None:
     return draft_vocab
 
 
-def _check_flags(report: Report, config: dict[str, Any]) -> None:
+def check_flags(report: Report, config: dict[str, Any]) -> None:
     """Boolean layer options; the EAGLE-3.1 ones are read only by recent vLLM versions."""
     for flag in ("norm_before_fc", "fc_norm", "norm_output"):
         if flag in config and not isinstance(config[flag], bool):
@@ -162,7 +164,7 @@ def _check_flags(report: Report, config: dict[str, Any]) -> None:
             )
 
 
-def _check_aux_ids(report: Report, config: dict[str, Any]) -> list[int] | None:
+def check_aux_ids(report: Report, config: dict[str, Any]) -> list[int] | None:
     """vLLM falls back to the target's default layers without a word when they are absent."""
     aux = config.get("eagle_aux_hidden_state_layer_ids")
     ok = False
@@ -173,7 +175,7 @@ def _check_aux_ids(report: Report, config: dict[str, Any]) -> list[int] | None:
             "missing: vLLM would silently tap the target's default layers (2, L//2, L-3), "
             "not the ones the draft was trained on",
         )
-    elif not isinstance(aux, list) or not aux or not all(_is_int(a) for a in aux):
+    elif not isinstance(aux, list) or not aux or not all(is_int(a) for a in aux):
         report.error("field-type", AUX_WHERE, f"must be a non-empty list of ints, got {aux!r}")
     elif len(set(aux)) != len(aux):
         report.error("field-type", AUX_WHERE, f"{aux} has duplicate ids")
@@ -196,7 +198,7 @@ def _check_speculators_config(report: Report, config: dict[str, Any]) -> None:
     spec = spec if isinstance(spec, dict) else {}  # absent: reported as vllm-detection
     k = None
     if spec:
-        algo = _require(report, spec, "algorithm", "speculators_config.algorithm", "str")
+        algo = require_field(report, spec, "algorithm", "speculators_config.algorithm", "str")
         if algo is not None and algo != "eagle3":
             report.error(
                 "model-type",
@@ -210,7 +212,7 @@ def _check_speculators_config(report: Report, config: dict[str, Any]) -> None:
 
 def _check_proposal_methods(report: Report, spec: dict[str, Any]) -> int | None:
     """The first method's K (``None`` when unusable) and the default method's name."""
-    methods = _require(
+    methods = require_field(
         report, spec, "proposal_methods", "speculators_config.proposal_methods", "list"
     )
     if methods is None:
@@ -222,7 +224,7 @@ def _check_proposal_methods(report: Report, spec: dict[str, Any]) -> int | None:
             "needs at least one proposal method object",
         )
         return None
-    k = _require(
+    k = require_field(
         report,
         methods[0],
         "speculative_tokens",
@@ -245,7 +247,7 @@ def _check_default_proposal(report: Report, spec: dict[str, Any], methods: list[
     """speculators refuses a default method that names no proposal method."""
     ptype = methods[0].get("proposal_type")
     dflt = spec.get("default_proposal_method")
-    _require(
+    require_field(
         report,
         spec,
         "default_proposal_method",
@@ -264,10 +266,10 @@ def _check_default_proposal(report: Report, spec: dict[str, Any], methods: list[
 
 
 def _check_verifier(report: Report, spec: dict[str, Any]) -> None:
-    verifier = _require(report, spec, "verifier", "speculators_config.verifier", "dict")
+    verifier = require_field(report, spec, "verifier", "speculators_config.verifier", "dict")
     if verifier is None:
         return
-    name = _require(
+    name = require_field(
         report,
         verifier,
         "name_or_path",
@@ -276,7 +278,7 @@ def _check_verifier(report: Report, spec: dict[str, Any]) -> None:
         "vLLM and speculators locate the target through it",
     )
     report.facts["verifier_name_or_path"] = name
-    _require(
+    require_field(
         report,
         verifier,
         "architectures",
@@ -289,12 +291,15 @@ def _check_verifier(report: Report, spec: dict[str, Any]) -> None:
 
 
 def _check_layer_type(report: Report, tlc: dict[str, Any]) -> str | None:
-    layer_type = _require(report, tlc, "model_type", f"{TLC}.model_type", "str")
-    if layer_type is not None and layer_type not in DRAFT_LAYERS:
+    layer_type = require_field(report, tlc, "model_type", f"{TLC}.model_type", "str")
+    speculators_types = [k.name for k in DRAFT_LAYERS.values() if not k.mla]
+    if layer_type is not None and layer_type not in speculators_types:
         report.error(
             "layer-type",
             f"config.json:{TLC}.model_type",
-            f"{layer_type!r}: vLLM builds EAGLE-3 draft layers only for {', '.join(DRAFT_LAYERS)}",
+            f"{layer_type!r}: vLLM builds EAGLE-3 draft layers from a speculators config only "
+            f"for {', '.join(speculators_types)} (an MLA draft is served from a plain "
+            "DeepSeek config)",
         )
         return None
     return layer_type
@@ -302,15 +307,15 @@ def _check_layer_type(report: Report, tlc: dict[str, Any]) -> str | None:
 
 def _check_layer_dims(report: Report, tlc: dict[str, Any]) -> dict[str, Any]:
     """The layer's sizes by :class:`CheckpointShape` field; ``None`` where unusable."""
-    hidden = _require(report, tlc, "hidden_size", f"{TLC}.hidden_size", "int")
-    layers = _require(report, tlc, "num_hidden_layers", f"{TLC}.num_hidden_layers", "int")
-    heads = _require(report, tlc, "num_attention_heads", f"{TLC}.num_attention_heads", "int")
-    inter = _require(report, tlc, "intermediate_size", f"{TLC}.intermediate_size", "int")
-    vocab = _require(report, tlc, "vocab_size", f"{TLC}.vocab_size", "int")
-    _require(report, tlc, "rms_norm_eps", f"{TLC}.rms_norm_eps", "number")
+    hidden = require_field(report, tlc, "hidden_size", f"{TLC}.hidden_size", "int")
+    layers = require_field(report, tlc, "num_hidden_layers", f"{TLC}.num_hidden_layers", "int")
+    heads = require_field(report, tlc, "num_attention_heads", f"{TLC}.num_attention_heads", "int")
+    inter = require_field(report, tlc, "intermediate_size", f"{TLC}.intermediate_size", "int")
+    vocab = require_field(report, tlc, "vocab_size", f"{TLC}.vocab_size", "int")
+    require_field(report, tlc, "rms_norm_eps", f"{TLC}.rms_norm_eps", "number")
     kv_heads = _optional_int(report, tlc, "num_key_value_heads", heads)
     head_dim = _check_head_dim(report, tlc, hidden, heads)
-    if _is_int(layers) and layers < 1:
+    if is_int(layers) and layers < 1:
         report.error(
             "field-type", f"config.json:{TLC}.num_hidden_layers", f"is {layers}, must be >= 1"
         )
@@ -329,7 +334,7 @@ def _check_layer_dims(report: Report, tlc: dict[str, Any]) -> dict[str, Any]:
 def _optional_int(report: Report, tlc: dict[str, Any], key: str, default: Any) -> Any:
     """``tlc[key]`` (or ``default``) when it is an int or absent; else an error and None."""
     value = tlc.get(key, default)
-    if value is not None and not _is_int(value):
+    if value is not None and not is_int(value):
         report.error("field-type", f"config.json:{TLC}.{key}", f"must be an int, got {value!r}")
         return None
     return value
@@ -340,9 +345,9 @@ def _check_head_dim(
 ) -> int | None:
     """Explicit ``head_dim``, else hidden // heads as transformers derives it."""
     head_dim = tlc.get("head_dim")
-    if head_dim is None and _is_int(hidden) and _is_int(heads) and heads > 0:
+    if head_dim is None and is_int(hidden) and is_int(heads) and heads > 0:
         return hidden // heads
-    if head_dim is not None and not _is_int(head_dim):
+    if head_dim is not None and not is_int(head_dim):
         report.error(
             "field-type", f"config.json:{TLC}.head_dim", f"must be an int, got {head_dim!r}"
         )
@@ -350,19 +355,19 @@ def _check_head_dim(
     return head_dim
 
 
-def _check_target_hidden(report: Report, config: dict[str, Any], hidden: int | None) -> int | None:
+def check_target_hidden(report: Report, config: dict[str, Any], hidden: int | None) -> int | None:
     """speculators' EAGLE-3 draft is as wide as its target; absent means the same width."""
     target_hidden = config.get("target_hidden_size")
     if target_hidden is None:
         return hidden
-    if not _is_int(target_hidden):
+    if not is_int(target_hidden):
         report.error(
             "field-type",
             "config.json:target_hidden_size",
             f"must be an int or null, got {target_hidden!r}",
         )
         return hidden
-    if _is_int(hidden) and target_hidden != hidden:
+    if is_int(hidden) and target_hidden != hidden:
         report.error(
             "target-hidden",
             "config.json:target_hidden_size",
@@ -405,17 +410,17 @@ def check_config(report: Report, config: dict[str, Any]) -> CheckpointShape | No
     """The config.json rules; return the expected shapes when the config allows it."""
     _check_detection(report, config)
     _check_speculators_config(report, config)
-    _check_norm_before_residual(report, config)
-    draft_vocab = _check_draft_vocab(report, config)
-    _check_flags(report, config)
-    aux = _check_aux_ids(report, config)
+    check_norm_before_residual(report, config)
+    draft_vocab = check_draft_vocab(report, config)
+    check_flags(report, config)
+    aux = check_aux_ids(report, config)
 
-    tlc = _require(report, config, TLC, TLC, "dict")
+    tlc = require_field(report, config, TLC, TLC, "dict")
     if tlc is None:
         return None
     layer_type = _check_layer_type(report, tlc)
     dims = _check_layer_dims(report, tlc)
-    target_hidden = _check_target_hidden(report, config, dims["hidden"])
+    target_hidden = check_target_hidden(report, config, dims["hidden"])
     n_aux = _check_aux_count(report, tlc, aux)
 
     if (

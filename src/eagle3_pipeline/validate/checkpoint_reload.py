@@ -2,7 +2,7 @@
 
 The format rules only model speculators' and vLLM's loaders; this asks speculators for
 real, through the project's one reload function
-(:func:`eagle3_pipeline.compat.speculators.load_draft`). speculators and torch are
+(:func:`eagle3_pipeline.draft.checkpoint.load_trained_draft`). speculators and torch are
 imported lazily: the other rules run without them.
 """
 
@@ -22,14 +22,17 @@ def check_reload(report: Report, draft_dir: Path, verifier_dir: Path | None) -> 
             "reload-skipped", "speculators", f"not importable ({exc}): reload not checked"
         )
         return
-    try:
-        cfg = SpeculatorModelConfig.from_pretrained(str(draft_dir))
-    except Exception as exc:  # noqa: BLE001 - any refusal is the finding
-        report.error("reload", "config.json", f"speculators refuses the config: {_one_line(exc)}")
-        return
-    if type(cfg).__name__ != "Eagle3SpeculatorConfig":
-        report.error("reload", "config.json", f"speculators reads it as {type(cfg).__name__}")
-        return
+    if not _plain_mla(draft_dir):  # (the MLA draft's plain config is converted by us)
+        try:
+            cfg = SpeculatorModelConfig.from_pretrained(str(draft_dir))
+        except Exception as exc:  # noqa: BLE001 - any refusal is the finding
+            report.error(
+                "reload", "config.json", f"speculators refuses the config: {_one_line(exc)}"
+            )
+            return
+        if type(cfg).__name__ != "Eagle3SpeculatorConfig":
+            report.error("reload", "config.json", f"speculators reads it as {type(cfg).__name__}")
+            return
     if verifier_dir is None:
         report.warning(
             "reload-skipped",
@@ -41,12 +44,22 @@ def check_reload(report: Report, draft_dir: Path, verifier_dir: Path | None) -> 
     _reload_model(report, draft_dir, verifier_dir)
 
 
-def _reload_model(report: Report, draft_dir: Path, verifier_dir: Path) -> None:
-    """A reload that succeeds can still leave parameters unloaded: they come back NaN/Inf."""
-    from eagle3_pipeline.compat.speculators import load_draft
+def _plain_mla(draft_dir: Path) -> bool:
+    from eagle3_pipeline.draft.checkpoint import read_config
+    from eagle3_pipeline.draft.mla_format import is_served_mla
 
     try:
-        model = load_draft(draft_dir, verifier_dir)
+        return is_served_mla(read_config(draft_dir))
+    except FileNotFoundError:
+        return False
+
+
+def _reload_model(report: Report, draft_dir: Path, verifier_dir: Path) -> None:
+    """A reload that succeeds can still leave parameters unloaded: they come back NaN/Inf."""
+    from eagle3_pipeline.draft.checkpoint import load_trained_draft
+
+    try:
+        model = load_trained_draft(draft_dir, verifier_dir)
     except Exception as exc:  # noqa: BLE001
         report.error(
             "reload",

@@ -166,13 +166,16 @@ def _layer_tensors(shape: CheckpointShape, i: int) -> tuple[Expected, Expected]:
     h, hd, p = shape.hidden, shape.head_dim, f"layers.{i}."
     width = 2 * h if i == 0 else h
     req: Expected = {}
-    attn = {
-        "q_proj": [shape.heads * hd, width],
-        "k_proj": [shape.kv_heads * hd, width],
-        "v_proj": [shape.kv_heads * hd, width],
-        "o_proj": [h, shape.heads * hd],
-    }
-    _add_linear(req, f"{p}self_attn.", attn, shape.attention_bias)
+    if shape.mla is not None:
+        req.update(_mla_attention_tensors(shape, f"{p}self_attn.", width))
+    else:
+        attn = {
+            "q_proj": [shape.heads * hd, width],
+            "k_proj": [shape.kv_heads * hd, width],
+            "v_proj": [shape.kv_heads * hd, width],
+            "o_proj": [h, shape.heads * hd],
+        }
+        _add_linear(req, f"{p}self_attn.", attn, shape.attention_bias)
     mlp = {
         "gate_proj": [shape.intermediate, h],
         "up_proj": [shape.intermediate, h],
@@ -189,6 +192,33 @@ def _layer_tensors(shape: CheckpointShape, i: int) -> tuple[Expected, Expected]:
         req[f"{p}self_attn.q_norm.weight"] = ([hd], "float")
         req[f"{p}self_attn.k_norm.weight"] = ([hd], "float")
     return req, optional
+
+
+def _mla_attention_tensors(shape: CheckpointShape, prefix: str, width: int) -> Expected:
+    """vLLM's ``DeepseekV2MLAAttention`` over an input ``width`` wide: the low-rank q path
+    (or one ``q_proj``), the joint latent + rope projection, the latent norm, the per-head
+    key/value up projection and the output projection."""
+    m, heads = shape.mla, shape.heads
+    assert m is not None
+    qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+    out: Expected = {}
+    if m.q_lora_rank is None:
+        out[f"{prefix}q_proj.weight"] = ([heads * qk, width], "float")
+    else:
+        out[f"{prefix}q_a_proj.weight"] = ([m.q_lora_rank, width], "float")
+        out[f"{prefix}q_a_layernorm.weight"] = ([m.q_lora_rank], "float")
+        out[f"{prefix}q_b_proj.weight"] = ([heads * qk, m.q_lora_rank], "float")
+    out[f"{prefix}kv_a_proj_with_mqa.weight"] = (
+        [m.kv_lora_rank + m.qk_rope_head_dim, width],
+        "float",
+    )
+    out[f"{prefix}kv_a_layernorm.weight"] = ([m.kv_lora_rank], "float")
+    out[f"{prefix}kv_b_proj.weight"] = (
+        [heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank],
+        "float",
+    )
+    out[f"{prefix}o_proj.weight"] = ([shape.hidden, heads * m.v_head_dim], "float")
+    return out
 
 
 def _add_linear(out: Expected, prefix: str, shapes: dict[str, list[int]], bias: bool) -> None:

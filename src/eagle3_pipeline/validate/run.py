@@ -118,7 +118,7 @@ def measure_acceptance(
     decoded (first turns, then second turns) and each one's result."""
     import torch
 
-    from eagle3_pipeline.compat.speculators import load_draft
+    from eagle3_pipeline.draft.checkpoint import load_trained_draft
     from eagle3_pipeline.validate.acceptance import SpeculatorsDraft, Target, measure, pool
     from eagle3_pipeline.validate.prompt_sets import load_first_turns, second_turns
 
@@ -131,7 +131,7 @@ def measure_acceptance(
     stops = stop_token_ids(spec.path)
     target = Target.load(spec, dtype, device, cfg.hardware.gpu_count)
     try:
-        model = load_draft(draft_dir, spec.path, attn_implementation="sdpa", device=device)
+        model = load_trained_draft(draft_dir, spec.path, attn_implementation="sdpa", device=device)
         draft = SpeculatorsDraft(model, device=target.device, dtype=getattr(torch, dtype))
 
         def decode(prompts: list[EvalPrompt]) -> list[Any]:
