@@ -611,3 +611,49 @@ def test_the_faster_step_leaves_the_loss_curve_unchanged(kimi_data: Path, tmp_pa
     assert len(a) == len(b) > 8
     worst = max(abs(x - y) / abs(x) for x, y in zip(a, b, strict=True))
     assert worst < 1e-4, (worst, a, b)
+
+
+def test_an_mla_draft_trains_and_a_warm_start_takes_its_weights_exactly(
+    kimi_data: Path, run_in
+) -> None:
+    """train.draft.layer_type=mla through the train stage, saved as vLLM serves it; then
+    train.init_from=that draft: the new run's model starts from its weights and its
+    vocabulary mapping, exactly; a source that does not fit is refused in one line."""
+    from eagle3_pipeline.draft.checkpoint import load_trained_draft
+    from eagle3_pipeline.stages.train import main
+    from eagle3_pipeline.train.distributed import init_distributed
+    from eagle3_pipeline.train.loop import DraftTrainer
+    from eagle3_pipeline.train.plan import plan_training
+
+    work = run_in(kimi_data)
+    mla = [*REDUCED, "train.epochs=1", "train.max_steps=2", "train.draft.layer_type=mla"]
+    main(mla)
+    cfg = json.loads((work / "data/draft/config.json").read_text())
+    assert cfg["architectures"] == ["DeepseekV2ForCausalLM"] and cfg["kv_lora_rank"] == 512
+    shutil.move(work / "data/draft", work / "source")
+    (work / "data/train_state").rename(work / "old_state")
+
+    warm = [*mla, f"train.init_from={work / 'source'}"]
+    config = load_config(warm)
+    plan = plan_training(config)
+    assert plan.init is not None and plan.init.format == "mla"
+    model = DraftTrainer(config, plan, init_distributed("cpu"), progress=False).model
+    source = load_trained_draft(work / "source", work / "data/target/model")
+    want = source.state_dict()
+    for name, tensor in model.state_dict().items():
+        torch.testing.assert_close(tensor, want[name], rtol=0, atol=0, msg=name)
+
+    main(warm)  # trains on from there, and says so
+    record = json.loads((work / "metrics/details/train.json").read_text())
+    assert record["init_from"]["format"] == "mla"
+    assert record["init_from"]["sha256"] == plan.init.sha256
+
+    _expect_refusal(
+        [f"train.init_from={work / 'source'}"],  # a llama run from an MLA draft
+        r"train.init_from=.*source: its layer_type is \"mla\", this run's is \"llama\"",
+    )
+    _expect_refusal(
+        [*mla, "train.draft_vocab_size=256", f"train.init_from={work / 'source'}"],
+        r"its draft_vocab_size is 512, this run's is 256; set train.draft_vocab_size",
+    )
+    _expect_refusal([f"train.init_from={work / 'nothing'}"], "no draft there")

@@ -451,6 +451,12 @@ class TrainConfig:
     attn_implementation: AttnImplementation | None = None  # null: sdpa_packed on CPU
     loss_implementation: LossImplementation | None = None  # null: eager on CPU, fused on CUDA
     max_steps: int | None = ranged(None, ge=1)  # stop early (benchmarks, smoke tests)
+    # Warm start: a draft directory to start from instead of fresh weights -- one this
+    # pipeline wrote (e.g. data/draft of an earlier run), a speculators EAGLE-3 checkpoint
+    # or an original EAGLE-3 repository on disk (converted by speculators' converter). Its
+    # layout must match this run's (refused in one line otherwise) and its vocabulary
+    # mapping is kept. A train dependency by content (paths.init_fingerprint). null: none.
+    init_from: str | None = None
     # Worker processes on this node. null: one per GPU of the hardware profile on CUDA, and
     # training in the stage's own process on CPU. N > 1 on CPU starts the same torchrun
     # launch as on GPUs with the gloo backend (how the multi-process path is tested).
@@ -517,6 +523,8 @@ class PathsConfig:
     inventory: str = "${data_dir}/preflight/inventory.json"
     target_fingerprint: str = "${data_dir}/preflight/target_fingerprint.json"
     data_fingerprint: str = "${data_dir}/preflight/data_fingerprint.json"
+    # train.init_from's content digest (written by preflight, a dependency of train)
+    init_fingerprint: str = "${data_dir}/preflight/init_fingerprint.json"
     target: str = "${data_dir}/target"
     prepared: str = "${data_dir}/prepared"
     heldout: str = "${data_dir}/heldout"

@@ -39,6 +39,7 @@ class PreflightResult:
     visible: list[VisibleGpu] = field(default_factory=list)
     target_fingerprint: dict[str, Any] | None = None  # None: the target was not found
     data_fingerprint: dict[str, Any] | None = None
+    init_fingerprint: dict[str, Any] | None = None
 
     @property
     def passed(self) -> bool:
@@ -111,4 +112,6 @@ def write_outputs(cfg: Config, result: PreflightResult) -> None:
         atomic_write_json(Path(cfg.paths.target_fingerprint), result.target_fingerprint)
     if result.data_fingerprint is not None:
         atomic_write_json(Path(cfg.paths.data_fingerprint), result.data_fingerprint)
+    if result.init_fingerprint is not None:
+        atomic_write_json(Path(cfg.paths.init_fingerprint), result.init_fingerprint)
     write_stage_metrics(cfg, result.metrics)

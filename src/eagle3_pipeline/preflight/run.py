@@ -30,6 +30,7 @@ from eagle3_pipeline.plan.resources import FreeBytesFn, free_bytes
 from eagle3_pipeline.preflight.data import check_data_file
 from eagle3_pipeline.preflight.disk import check_disk
 from eagle3_pipeline.preflight.hardware import TorchView, check_driver, gpu_checks, torch_view
+from eagle3_pipeline.preflight.init import check_init_source
 from eagle3_pipeline.preflight.record import PreflightRecord
 from eagle3_pipeline.preflight.result import Check, PreflightResult, inventory, write_outputs
 from eagle3_pipeline.preflight.software import (
@@ -123,7 +124,8 @@ def run_preflight(
     checks.append(check_packages(cfg, vers))
     target_check, fingerprint = check_target_files(cfg)
     data_check, data_fingerprint = check_data_file(cfg)
-    checks[:0] = [target_check, data_check]
+    init_check, init_fingerprint = check_init_source(cfg)
+    checks[:0] = [target_check, data_check, *([init_check] if init_check else [])]
     disk_info: dict[str, Any] | None = None
     if target_check.passed:  # the estimate reads the target's config
         disk_check, disk_info = check_disk(cfg, free_fn)
@@ -169,6 +171,7 @@ def run_preflight(
         visible,
         fingerprint,
         data_fingerprint,
+        init_fingerprint,
     )
 
 

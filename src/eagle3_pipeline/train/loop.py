@@ -29,6 +29,7 @@ from typing import Any
 from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.core.faults import PREFIX, fault_after
 from eagle3_pipeline.draft.shape import build_draft, build_vocab_mapping, load_token_freq
+from eagle3_pipeline.train import warm_start
 from eagle3_pipeline.train.batches import epoch_batches, load_split, make_loader
 from eagle3_pipeline.train.distributed import (
     Dist,
@@ -120,10 +121,18 @@ class DraftTrainer:
 
         p = self.plan
         torch.manual_seed(self.cfg.seed)
-        freq = load_token_freq(p.paths.prepared / "token_freq.pt")
-        d2t, t2d = build_vocab_mapping(
-            freq, self.t.draft_vocab_size, p.spec.vocab_size, list(p.required_tokens.values())
-        )
+        source = None
+        if p.init_dir is not None:  # warm start: the source's weights and vocabulary
+            source = warm_start.load_source(p.init_dir, target_model_dir(p.spec))
+            d2t, t2d = warm_start.vocab(source)
+        else:
+            freq = load_token_freq(p.paths.prepared / "token_freq.pt")
+            d2t, t2d = build_vocab_mapping(
+                freq,
+                self.t.draft_vocab_size,
+                p.spec.vocab_size,
+                list(p.required_tokens.values()),
+            )
         model = build_draft(
             p.spec,
             p.shape,
@@ -136,6 +145,11 @@ class DraftTrainer:
             norm_before_residual=self.t.draft.norm_before_residual,
             options=self.t.draft,
         )
+        if source is not None:
+            n = warm_start.copy_weights(model, source)
+            where = p.init.path if p.init is not None else p.init_dir
+            log.info("warm start: %d tensors from %s", n, where)
+            del source
         return model.to(self.device)
 
     def epoch_batches(self, ds: Any, epoch: int) -> list[list[int]]:

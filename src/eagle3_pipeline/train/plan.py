@@ -19,6 +19,14 @@ from eagle3_pipeline.train.errors import TrainingError
 from eagle3_pipeline.train.inputs import check_hidden_states, count_rows, target_model_dir
 from eagle3_pipeline.train.online import OnlineSource
 from eagle3_pipeline.train.runtime import Runtime, choose_parallel, resolve_runtime
+from eagle3_pipeline.train.warm_start import (
+    InitSource,
+    check_compatible,
+    describe,
+    run_layout,
+    source_layout,
+    speculators_dir,
+)
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,8 @@ class TrainPlan:
     fingerprint: str
     parallel_reason: str = "one process"
     online: OnlineSource | None = None  # extract.mode=online: the server to start
+    init: InitSource | None = None  # train.init_from, checked against this run
+    init_dir: Path | None = None  # the source as our reload reads it (converted if need be)
 
 
 def plan_training(cfg: Config, paths: TrainPaths | None = None) -> TrainPlan:
@@ -80,8 +90,19 @@ def plan_training(cfg: Config, paths: TrainPaths | None = None) -> TrainPlan:
     if manifest.is_online:
         online = OnlineSource.from_manifest(paths.hidden_states / "manifest.json", manifest)
     required = special_token_ids(tdir)
-    fp = fingerprint(cfg, spec, shape, n_rows, runtime, "online" if online else "offline")
-    return TrainPlan(spec, shape, runtime, paths, n_rows, required, fp, reason, online)
+    init, init_dir = None, None
+    if cfg.train.init_from:
+        init = describe(cfg.train.init_from)
+        init_dir = speculators_dir(init, tdir, paths.state, spec)
+        check_compatible(
+            init.path,
+            source_layout(init_dir),
+            run_layout(shape, spec, cfg.train.draft_vocab_size, cfg.train.draft),
+        )
+    fp = fingerprint(cfg, spec, shape, n_rows, runtime, "online" if online else "offline", init)
+    return TrainPlan(
+        spec, shape, runtime, paths, n_rows, required, fp, reason, online, init, init_dir
+    )
 
 
 def fingerprint(
@@ -91,6 +112,7 @@ def fingerprint(
     n_rows: int,
     runtime: Runtime,
     mode: str = "offline",
+    init: InitSource | None = None,
 ) -> str:
     """What a resumable state must match: every setting that changes the trajectory."""
     t = asdict(cfg.train)
@@ -111,6 +133,8 @@ def fingerprint(
             "runtime": {k: v for k, v in asdict(runtime).items() if (k, v) != ("nodes", 1)},
             # online states are rounded apart from the offline files: not resumed across modes
             **({"hidden_states": mode} if mode != "offline" else {}),
+            # a warm start's states belong to its source's content, not to its path
+            **({"init_from": init.sha256} if init is not None else {}),
         },
         sort_keys=True,
         default=str,

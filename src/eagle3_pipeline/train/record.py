@@ -56,6 +56,8 @@ class TrainRecord(Record):
     local_parameter_fraction: float  # share rank 0 holds: 1 unsharded, ~1/world under FSDP
     train_rows: int  # rows trained on
     val_rows: int  # rows held out for val_loss
+    # train.init_from: path, format, sha256 of the source (None: fresh weights)
+    init_from: dict[str, Any] | None = optional()
     # added by the stage
     launcher: dict[str, Any] | None = optional()  # torchrun: command, nproc, survivors
     hidden_states: str  # offline (files) or online (a vLLM server during training)

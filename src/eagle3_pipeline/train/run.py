@@ -116,6 +116,11 @@ def run_metrics(
         ),
         # share of the parameters rank 0 holds: 1 unsharded, ~1/world under FSDP
         "local_parameter_fraction": local_fraction(trainer.model),
+        "init_from": (
+            {"path": str(plan.init.path), "format": plan.init.format, "sha256": plan.init.sha256}
+            if plan.init is not None
+            else None
+        ),
         "train_rows": len(trainer.train_ds),
         "val_rows": len(trainer.val_ds),
     }
