@@ -278,3 +278,29 @@ def test_stage_refuses_bad_settings(workdir: Path, capsys: pytest.CaptureFixture
     # one line on stderr that names the stage and the offending key
     err = capsys.readouterr().err.splitlines()
     assert "error: validate: validate.k=0 must be >= 1 (or null)" in err, err
+
+
+@pytest.mark.slow
+def test_an_mla_draft_is_served_by_vllm_with_the_tiny_kimi(
+    tiny_target: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """train.draft.layer_type=mla: vLLM's CPU build serves the MLA draft (deepseek_eagle3)
+    with MLA on for the target too (both CPU_MLA, block size 16); its counters equal our
+    evaluator's and it is lossless."""
+    from workdirs import make_workdir
+
+    root = make_workdir(tiny_target, tmp_path_factory.mktemp("mla") / "w", layer_type="mla")
+    _run_stage(
+        root,
+        "train.draft.layer_type=mla",
+        "validate.max_new_tokens=8",
+        "validate.concurrency=[1]",
+    )
+    m = json.loads((root / "metrics" / "details" / "validate.json").read_text())
+    assert m["checkpoint_ok"] is True, m.get("checkpoint_findings")
+    v = m["vllm"]
+    assert v["num_drafts"] == m["verification_steps"] > 0
+    assert v["num_accepted_tokens_per_pos"] == m["accepted_per_pos"]
+    assert m["vllm_lossless"] is True and m["lossless"] is True
+    env = v["workarounds"]["with_draft"]["env"]
+    assert "VLLM_MLA_DISABLE" not in env  # an MLA draft keeps the target's MLA on

@@ -13,9 +13,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def make_workdir(tiny_target: Path, root: Path, n_prompts: int = 3) -> Path:
-    """A copy of the tiny target's workdir with a draft saved as the train stage saves it
-    and held-out prompts in the prepare stage's format."""
+def make_workdir(
+    tiny_target: Path, root: Path, n_prompts: int = 3, layer_type: str = "llama"
+) -> Path:
+    """A copy of the tiny target's workdir with a draft (of ``layer_type``) saved as the
+    train stage saves it and held-out prompts in the prepare stage's format."""
     from record_samples import train_record
     from transformers import AutoTokenizer
 
@@ -38,8 +40,20 @@ def make_workdir(tiny_target: Path, root: Path, n_prompts: int = 3) -> Path:
     d2t, t2d = build_vocab_mapping(
         {i: 1 for i in range(spec.vocab_size)}, 1024, spec.vocab_size, stops
     )
-    shape = resolve_draft_shape(DraftShapeConfig(), spec)
-    model = build_draft(spec, shape, 3, 1024, d2t, t2d, model_dir, "sdpa")
+    options = DraftShapeConfig(layer_type=layer_type)  # type: ignore[arg-type]
+    shape = resolve_draft_shape(options, spec)
+    # the llama draft without the EAGLE-3.1 options (what the tests of later stages expect)
+    model = build_draft(
+        spec,
+        shape,
+        3,
+        1024,
+        d2t,
+        t2d,
+        model_dir,
+        "sdpa",
+        options=options if layer_type == "mla" else None,
+    )
     save_draft(model, root / "data" / "draft", 3)
     rows = []
     for i, c in enumerate(builtin_conversations(0)[:n_prompts]):
