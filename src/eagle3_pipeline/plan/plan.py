@@ -109,7 +109,13 @@ def commands(cfg: Config, target: TargetInfo, overrides: list[str]) -> dict[str,
     else:
         out["train"] = [f"python -m {TRAIN_STAGE} --params params.yaml"]
     out["serve_draft"] = build_engine(
-        cfg, target.spec, ref, "validate", draft_dir=draft_dir, k=cfg.train.speculative_tokens
+        cfg,
+        target.spec,
+        ref,
+        "validate",
+        draft_dir=draft_dir,
+        k=cfg.train.speculative_tokens,
+        draft_mla=cfg.train.draft.layer_type == "mla",
     ).shell(cfg.validate.server.port)
     base = (cfg.model.hub_id or cfg.model.name).split("/")[-1]
     repo = f"YOUR_ORG/{base}-EAGLE3"  # placeholder: the account you publish under
@@ -266,6 +272,7 @@ def render_plan(plan: Plan) -> str:
             f"x {dr['head_dim']}, {dr['num_kv_heads']} kv heads, MLP {dr['intermediate_size']:,}, "
             f"draft vocab {dr['draft_vocab_size']:,} ({dr['shape_source']})",
         ),
+        *([("MLA latent", str(dr["latent"]))] if dr.get("latent") else []),
         (
             "parameters",
             f"{_count(dr['params_total'])} ({_count(dr['params_trainable'])} trainable; "

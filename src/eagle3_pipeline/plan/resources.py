@@ -148,6 +148,9 @@ class DraftEstimate:
     vocab_size: int
     draft_vocab_size: int
     shape_source: str
+    # an MLA draft layer's latent attention (the target's), e.g. "kv_lora 512, q_lora 1536,
+    # rope 64, nope 128, v 128"; None for standard attention
+    latent: str | None
     params_total: int
     params_trainable: int
     train_dtype: str
@@ -173,8 +176,9 @@ def estimate_draft(cfg: Config, target: TargetInfo) -> DraftEstimate:
     attention kernel; logits in fp32): good to a factor, enough to see whether the draft
     fits on a GPU.
     """
-    from eagle3_pipeline.draft.shape import (
-        resolve_draft_shape,  # no torch / speculators at import time
+    from eagle3_pipeline.draft.shape import (  # no torch / speculators at import time
+        estimate_parameters,
+        resolve_draft_shape,
     )
 
     spec = target.spec
@@ -187,12 +191,11 @@ def estimate_draft(cfg: Config, target: TargetInfo) -> DraftEstimate:
         shape.intermediate_size,
     )
     dv = min(cfg.train.draft_vocab_size, spec.vocab_size)
-    layer_params = 0
-    for i in range(shape.num_layers):
-        width_in = 2 * h if i == 0 else h  # layer 0 sees [embedding; fused hidden state]
-        layer_params += width_in * (heads + 2 * kv) * hd + heads * hd * h + 3 * h * inter + 3 * h
-    fc = n_aux * h * h
-    trainable = fc + layer_params + h + dv * h  # + final norm + draft lm_head
+    # fc, the decoder layers (MLA or standard attention) and the norms, as the train stage
+    # builds them; the draft lm_head counted as trained (speculators 0.9 freezes it: this
+    # errs on the safe side)
+    layers_and_fc, _ = estimate_parameters(shape, n_aux, dv, spec.vocab_size, cfg.train.draft)
+    trainable = layers_and_fc + dv * h
     frozen = spec.vocab_size * h  # embeddings, loaded from the target
     total = trainable + frozen
     dtype = cfg.train.dtype or cfg.hardware.train_dtype
@@ -216,6 +219,13 @@ def estimate_draft(cfg: Config, target: TargetInfo) -> DraftEstimate:
         vocab_size=spec.vocab_size,
         draft_vocab_size=dv,
         shape_source=f"{shape.layer_type}; train.draft over rules derived from the target",
+        latent=(
+            f"kv_lora {shape.mla.kv_lora_rank}, q_lora {shape.mla.q_lora_rank}, "
+            f"rope {shape.mla.qk_rope_head_dim}, nope {shape.mla.qk_nope_head_dim}, "
+            f"v {shape.mla.v_head_dim}"
+            if shape.mla is not None
+            else None
+        ),
         params_total=total,
         params_trainable=trainable,
         train_dtype=dtype,

@@ -205,16 +205,19 @@ def build_engine(
     k: int | None = None,
     staging: str | Path | None = None,
     max_num_seqs: int | None = None,
+    draft_mla: bool | None = None,
 ) -> Engine:
     """The engine for ``purpose`` (extract | regenerate | validate | baseline) of target
-    ``spec`` (a :class:`~eagle3_pipeline.targets.adapter.TargetSpec`) served from ``model``."""
+    ``spec`` (a :class:`~eagle3_pipeline.targets.adapter.TargetSpec`) served from ``model``;
+    ``draft_mla``: whether the draft has MLA attention (None: read from ``draft_dir``)."""
     if purpose not in PURPOSES:
         raise ValueError(f"purpose {purpose!r} is not one of {PURPOSES}")
     s, v = cfg.hardware.serving, cfg.vllm
     cpu = cpu_build(cfg)
     mla = spec.attention == "mla"
     with_draft = purpose == "validate"
-    draft_mla = with_draft and draft_dir is not None and draft_has_mla(draft_dir)
+    if draft_mla is None:  # read from the draft (a plan prints commands before it exists)
+        draft_mla = with_draft and draft_dir is not None and draft_has_mla(draft_dir)
     dtype = str(dtype or cfg.model.dtype)
     eng = Engine(
         model=str(Path(model).absolute()) if Path(model).exists() else str(model),
