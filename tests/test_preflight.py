@@ -431,3 +431,22 @@ def test_stage_help():
         check=True,
     )
     assert "preflight" in out.stdout and "--params" in out.stdout
+
+
+def test_an_mla_draft_vllms_cpu_kernel_cannot_run_is_refused_before_training(
+    tmp_path: Path,
+) -> None:
+    """An MLA draft takes its target's latent width; on the CPU build vLLM's MLA kernel
+    runs 576 (kv_lora_rank 512 + rope 64) only, and would fail only at validate."""
+    from eagle3_pipeline.draft.shape import DraftShape
+    from eagle3_pipeline.preflight.software import mla_draft_problem
+    from eagle3_pipeline.targets.adapter import MlaDims
+
+    cfg = cfg_for(tmp_path, "train.draft.layer_type=mla")
+    shape = DraftShape("mla", 1, 128, 4, 4, 96, 256, 1e-6, 1024, MlaDims(64, 512, 32, 64, 32))
+    assert mla_draft_problem(cfg, shape) is None
+    narrow = dataclasses.replace(shape, mla=MlaDims(None, 256, 32, 32, 32))
+    problem = mla_draft_problem(cfg, narrow)
+    assert problem is not None and problem.startswith("train.draft.layer_type=mla:")
+    assert "= 288" in problem and "takes 576 only" in problem
+    assert mla_draft_problem(cfg, dataclasses.replace(shape, mla=None)) is None

@@ -38,6 +38,7 @@ from eagle3_pipeline.preflight.software import (
     check_packages,
     check_vllm,
     check_vllm_attention,
+    mla_draft_problem,
     package_versions,
     probe_vllm,
     vllm_needed,
@@ -195,7 +196,11 @@ def _attention_check(
         answers = attention_support(reading.python, [q for _, q in queries])
     else:
         answers = probe(reading, [q for _, q in queries])
-    return check_vllm_attention(cfg, reading, queries, answers)
+    check = check_vllm_attention(cfg, reading, queries, answers)
+    problem = mla_draft_problem(cfg, draft)
+    if problem is not None:
+        return Check("vllm_attention", False, check.reading, [*check.problems, problem])
+    return check
 
 
 def check_machine(cfg: Config) -> PreflightResult:

@@ -143,7 +143,7 @@ def attention_queries(cfg: Config, spec: Any, draft: Any) -> list[tuple[str, dic
                 {"head_size": spec.head_dim, "dtype": dtype, "num_heads": spec.num_attention_heads},
             )
         )
-    if v.vllm and draft is not None:
+    if v.vllm and draft is not None and draft.mla is None:  # MLA: see mla_draft_problem
         out.append(
             (
                 f"the draft's head_dim={draft.head_dim} (train.draft.head_dim)",
@@ -155,6 +155,26 @@ def attention_queries(cfg: Config, spec: Any, draft: Any) -> list[tuple[str, dic
             )
         )
     return out
+
+
+# vLLM's CPU MLA kernel (CPU_MLA, vLLM 0.32) takes one latent width only.
+CPU_MLA_LATENT = 576
+
+
+def mla_draft_problem(cfg: Config, draft: Any) -> str | None:
+    """What vLLM would refuse of an MLA draft when validate starts it: on the CPU build the
+    draft's latent (kv_lora_rank + qk_rope_head_dim) must be the CPU_MLA kernel's."""
+    if draft is None or draft.mla is None or not cfg.validate.vllm:
+        return None
+    device, _dtype = cfg.validate_runtime()
+    latent = draft.mla.kv_lora_rank + draft.mla.qk_rope_head_dim
+    if device == "cpu" and latent != CPU_MLA_LATENT:
+        return (
+            f"train.draft.layer_type=mla: the draft's latent kv_lora_rank + qk_rope_head_dim = "
+            f"{latent} (the target's), but vLLM's CPU MLA kernel takes {CPU_MLA_LATENT} only; "
+            "validate on a GPU (validate.device=cuda) or use train.draft.layer_type=llama"
+        )
+    return None
 
 
 def check_vllm_attention(
