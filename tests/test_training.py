@@ -657,3 +657,60 @@ def test_an_mla_draft_trains_and_a_warm_start_takes_its_weights_exactly(
         r"its draft_vocab_size is 512, this run's is 256; set train.draft_vocab_size",
     )
     _expect_refusal([f"train.init_from={work / 'nothing'}"], "no draft there")
+
+
+def test_a_warm_start_from_an_original_eagle3_repository(kimi_data: Path, run_in) -> None:
+    """An original EAGLE-3 layout (LlamaForCausalLMEagle3 config, ``midlayer.*`` tensors,
+    as SafeAILab's trainer writes it) is converted by speculators' converter and the run
+    starts from exactly its weights."""
+    from safetensors.torch import load_file, save_file
+
+    from eagle3_pipeline.stages.train import main
+    from eagle3_pipeline.train.distributed import init_distributed
+    from eagle3_pipeline.train.loop import DraftTrainer
+    from eagle3_pipeline.train.plan import plan_training
+
+    work = run_in(kimi_data)
+    plain = [*REDUCED, "train.epochs=1", "train.max_steps=2", "train.draft.norm_before_fc=false"]
+    plain += ["train.draft.norm_output=false", "train.draft.norm_before_residual=false"]
+    main(plain)
+    ours = json.loads((work / "data/draft/config.json").read_text())
+    layer = ours["transformer_layer_config"]
+    weights = load_file(str(work / "data/draft/model.safetensors"))
+    original = work / "original"
+    original.mkdir()
+    renamed = {k.replace("layers.0.", "midlayer."): v for k, v in weights.items()}
+    save_file(renamed, str(original / "model.safetensors"))
+    (original / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLMEagle3"],
+                "model_type": "llama",
+                **{
+                    k: layer[k]
+                    for k in (
+                        "hidden_size",
+                        "intermediate_size",
+                        "num_attention_heads",
+                        "num_key_value_heads",
+                        "head_dim",
+                        "rms_norm_eps",
+                        "max_position_embeddings",
+                    )
+                },
+                "num_hidden_layers": 1,
+                "draft_vocab_size": ours["draft_vocab_size"],
+                "eagle_aux_hidden_state_layer_ids": ours["eagle_aux_hidden_state_layer_ids"],
+                "torch_dtype": "float32",
+            }
+        )
+    )
+    shutil.rmtree(work / "data/train_state")
+    config = load_config([*plain, f"train.init_from={original}"])
+    plan = plan_training(config)
+    assert plan.init is not None and plan.init.format == "eagle3"
+    assert plan.init_dir == Path("data/train_state/init_converted")
+    model = DraftTrainer(config, plan, init_distributed("cpu"), progress=False).model
+    state = model.state_dict()
+    for name, tensor in weights.items():
+        torch.testing.assert_close(state[name], tensor, rtol=0, atol=0, msg=name)
