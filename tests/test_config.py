@@ -98,7 +98,8 @@ def test_real_target_profiles_name_hub_id_and_remote_code():
         (["validate.concurrency=[4,4]"], "validate.concurrency=[4, 4]: a level is named twice"),
         (["train.attn_implementation=simple_flex_attention"], "has no CPU backward"),
         (["extract.rank=1"], "extract.rank=1 must be < extract.world_size=1"),
-        (["train.draft.fc_norm=true"], "exclusive"),
+        (["train.draft.norm_before_fc=true", "train.draft.fc_norm=true"], "exclusive"),
+        (["train.draft.layer_type=mla", "train.draft.norm_before_fc=true"], "no norm before fc"),
         # train.loss: a speculators loss name, or a JSON dict of them to weights
         (["train.loss=kld"], "train.loss='kld'"),
         (['train.loss=\'{"ce": 0.1, "xx": 1}\''], "'xx'"),

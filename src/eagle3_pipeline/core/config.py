@@ -383,7 +383,7 @@ class DraftShapeConfig:
     # model's vLLM acceptance length from 2.169 to 2.904 (bench/recipe.py, README).
     # An RMSNorm over the concatenated aux states before ``fc`` (tensor ``input_norm``);
     # null: on, except beside fc_norm and for the mla layer (vLLM's MLA draft has no
-    # input_norm); see `norm_before_fc_on`.
+    # input_norm); see `norm_before_fc_on()`.
     norm_before_fc: bool | None = None
     # one RMSNorm per aux state before ``fc`` (tensors ``fc_norm.<i>``; exclusive with
     # norm_before_fc);
@@ -391,21 +391,22 @@ class DraftShapeConfig:
     # the chained steps are fed the normed decoder output instead of the raw one.
     norm_output: bool = True
 
-    @property
-    def norm_before_fc_on(self) -> bool:
-        """``norm_before_fc`` resolved: null means on unless fc_norm is (they are
-        exclusive) or the layer is mla (which vLLM serves without it)."""
-        if self.norm_before_fc is not None:
-            return self.norm_before_fc
-        return not self.fc_norm and self.layer_type != DraftLayerType.mla
 
-    def eagle3_options(self) -> dict[str, bool]:
-        """The EAGLE-3.1 switches as the draft is built with them."""
-        return {
-            "norm_before_fc": self.norm_before_fc_on,
-            "fc_norm": self.fc_norm,
-            "norm_output": self.norm_output,
-        }
+def norm_before_fc_on(draft: DraftShapeConfig) -> bool:
+    """``train.draft.norm_before_fc`` resolved: null means on unless fc_norm is (they are
+    exclusive) or the layer is mla (which vLLM serves without it)."""
+    if draft.norm_before_fc is not None:
+        return draft.norm_before_fc
+    return not draft.fc_norm and draft.layer_type != DraftLayerType.mla
+
+
+def eagle3_options(draft: DraftShapeConfig) -> dict[str, bool]:
+    """The EAGLE-3.1 switches as the draft is built with them."""
+    return {
+        "norm_before_fc": norm_before_fc_on(draft),
+        "fc_norm": draft.fc_norm,
+        "norm_output": draft.norm_output,
+    }
 
 
 @dataclass

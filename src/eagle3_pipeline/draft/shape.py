@@ -22,7 +22,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline.core.config import ConfigError, DraftShapeConfig, TrainConfig
+from eagle3_pipeline.core.config import (
+    ConfigError,
+    DraftShapeConfig,
+    TrainConfig,
+    norm_before_fc_on,
+)
 from eagle3_pipeline.draft.layers import DRAFT_LAYERS, config_class
 from eagle3_pipeline.targets.adapter import MlaDims, TargetSpec, read_json, split_text_config
 from eagle3_pipeline.targets.families import reasoning_markers
@@ -145,7 +150,7 @@ def estimate_parameters(
     n_aux: int,
     draft_vocab_size: int,
     target_vocab_size: int,
-    options: DraftShapeConfig | None = None,
+    options: DraftShapeConfig,
 ) -> tuple[int, int]:
     """``(trainable, frozen)`` parameter counts of the ``Eagle3DraftModel`` this shape
     builds, without building it (the train stage picks DDP or FSDP from them).
@@ -176,7 +181,7 @@ def estimate_parameters(
         return inp * (q + 2 * kv) + q * h + 3 * h * shape.intermediate_size + norms
 
     trainable = n_aux * h * h + sum(layer(i == 0) for i in range(shape.num_layers)) + h
-    if options is not None and (options.norm_before_fc_on or options.fc_norm):
+    if norm_before_fc_on(options) or options.fc_norm:
         trainable += n_aux * h
     frozen = target_vocab_size * h + 2 * draft_vocab_size * h + h
     return trainable, frozen
@@ -419,7 +424,7 @@ def build_draft(
         ),
         draft_vocab_size=draft_vocab_size,
         norm_before_residual=norm_before_residual,
-        norm_before_fc=bool(options and options.norm_before_fc_on),
+        norm_before_fc=bool(options and norm_before_fc_on(options)),
         fc_norm=bool(options and options.fc_norm),
         norm_output=bool(options and options.norm_output),
         eagle_aux_hidden_state_layer_ids=list(spec.aux_layer_ids),

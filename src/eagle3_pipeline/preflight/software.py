@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from eagle3_pipeline.compat.vllm import EAGLE3_DRAFT_OPTIONS
-from eagle3_pipeline.core.config import Config
+from eagle3_pipeline.core.config import Config, eagle3_options
 from eagle3_pipeline.core.versions import installed_versions
 from eagle3_pipeline.preflight.result import Check
 
@@ -110,7 +110,7 @@ def check_vllm(cfg: Config, result: Any) -> Check:
             ],
         )
     # (an MLA draft is served from its plain config, which deepseek_eagle3 reads directly)
-    options = cfg.train.draft.eagle3_options()
+    options = eagle3_options(cfg.train.draft)
     wanted = [o for o in EAGLE3_DRAFT_OPTIONS if options[o]]
     if wanted and cfg.validate.vllm and cfg.train.draft.layer_type != "mla":
         read = result.eagle3_options

@@ -6,7 +6,7 @@ import resource
 import time
 from typing import Any
 
-from eagle3_pipeline.core.config import Config
+from eagle3_pipeline.core.config import Config, eagle3_options
 from eagle3_pipeline.train.distributed import (
     close_distributed,
     dist_backend,
@@ -106,7 +106,7 @@ def run_metrics(
             "lr": cfg.train.lr,
             "muon_lr": cfg.train.muon_lr,
             "scheduler": str(cfg.train.scheduler),
-            **cfg.train.draft.eagle3_options(),
+            **eagle3_options(cfg.train.draft),
             "ttt_step_loss_decay": cfg.train.ttt_step_loss_decay,
         },
         "required_tokens": plan.required_tokens,

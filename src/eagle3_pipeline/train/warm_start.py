@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from eagle3_pipeline.core.config import DraftShapeConfig, eagle3_options
 from eagle3_pipeline.core.errors import ConfigError
 from eagle3_pipeline.draft import mla_format
 from eagle3_pipeline.draft.shape import DraftShape
@@ -172,7 +173,7 @@ def source_layout(path: Path) -> DraftLayout:
 
 
 def run_layout(
-    shape: DraftShape, spec: TargetSpec, draft_vocab_size: int, options: Any
+    shape: DraftShape, spec: TargetSpec, draft_vocab_size: int, options: DraftShapeConfig
 ) -> DraftLayout:
     """The layout this run would build (``options``: ``train.draft``)."""
     return DraftLayout(
@@ -189,7 +190,7 @@ def run_layout(
         draft_vocab_size=draft_vocab_size,
         vocab_size=spec.vocab_size,
         norm_before_residual=bool(options.norm_before_residual),
-        **options.eagle3_options(),
+        **eagle3_options(options),
     )
 
 
