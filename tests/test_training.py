@@ -441,10 +441,12 @@ def test_parallel_mode_selection() -> None:
     kimi, cfg = _spec(), Config()
     cfg.train.draft_vocab_size = 32000
     one = resolve_draft_shape(DraftShapeConfig(), kimi)  # H=7168: ~0.8e9 trainable
-    assert 0.5e9 < estimate_parameters(one, 3, 32000, kimi.vocab_size)[0] < 1e9
+    assert 0.5e9 < estimate_parameters(one, 3, 32000, kimi.vocab_size, DraftShapeConfig())[0] < 1e9
     assert choose_parallel(cfg, one, kimi, 8)[0] == "ddp"  # fits a GPU as a DDP replica
     shape = resolve_draft_shape(DraftShapeConfig(num_layers=3), kimi)
-    trainable, frozen = estimate_parameters(shape, 3, 32000, kimi.vocab_size)
+    trainable, frozen = estimate_parameters(
+        shape, 3, 32000, kimi.vocab_size, DraftShapeConfig(num_layers=3)
+    )
     assert trainable > 1e9 and frozen > 1e9
     mode, reason = choose_parallel(cfg, shape, kimi, 8)
     assert mode == "fsdp" and "fsdp_min_params" in reason
