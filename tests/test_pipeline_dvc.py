@@ -33,7 +33,9 @@ STAGES = ["preflight", "target", "prepare", "extract", "train", "validate"]
 REDUCED = {
     "train": {"samples": 24, "epochs": 10, "optimizer": "adamw"},
     "data": {"heldout_size": 4, "max_new_tokens": 32},
-    "validate": {"max_new_tokens": 24},
+    # one greedy stream: the sampled pass and the concurrency sweep are tested on their own
+    # (test_vllm_real, test_serving_sweeps) and would only lengthen every graph run here
+    "validate": {"max_new_tokens": 24, "temperature": None, "concurrency": [1]},
 }
 
 # The first run validates in real vLLM; the parameter experiments after it skip vLLM

@@ -73,6 +73,9 @@ REDUCED = [
     "train.epochs=1",
     "train.draft_vocab_size=2048",
     "validate.max_new_tokens=24",
+    # one greedy stream (the sampled pass and the concurrency sweep have their own tests)
+    "validate.temperature=null",
+    "validate.concurrency=[1]",
 ]
 
 
