@@ -325,12 +325,16 @@ def test_speculators_offline_client_sends_the_api_key(tmp_path: Path) -> None:
 
 def test_speculators_builds_every_draft_layer_type_we_offer() -> None:
     """``draft.layers`` is the intersection of what speculators builds and vLLM serves:
-    fails when speculators drops a type (or maps it to another config class)."""
+    fails when speculators drops a type (or maps it to another config class). The MLA
+    layer is ours (draft/mla.py registers it; tests/test_mla_draft.py)."""
     from speculators.train.cli import DRAFT_ARCH_CONFIGS
 
     from eagle3_pipeline.draft.layers import DRAFT_LAYERS, config_class
 
     for name, kind in DRAFT_LAYERS.items():
+        if kind.mla:
+            assert name not in DRAFT_ARCH_CONFIGS, "speculators builds MLA drafts now"
+            continue
         assert name in DRAFT_ARCH_CONFIGS, f"speculators no longer builds {name} drafts"
         assert DRAFT_ARCH_CONFIGS[name] is config_class(kind), name
 

@@ -139,7 +139,9 @@ def test_draft_parameters_and_memory_hand_computed(tmp_path):
     assert (d.num_heads, d.num_kv_heads, d.head_dim, d.intermediate_size) == (heads, kv, hd, inter)
     assert d.head_dim != 64 and d.intermediate_size != 18432  # not inherited from MLA / dense
     layer = 2 * h * (heads + 2 * kv) * hd + heads * hd * h + 3 * h * inter + 3 * h
-    trainable = 3 * h * h + layer + h + dv * h
+    # fc, the layer, the final norm, the draft lm_head, and norm_before_fc's RMSNorm over
+    # the three aux states (on by default)
+    trainable = 3 * h * h + layer + h + dv * h + 3 * h
     assert d.params_trainable == trainable
     assert d.params_total == trainable + v * h
     assert d.optimizer_bytes == 8 * trainable

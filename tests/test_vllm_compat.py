@@ -138,16 +138,22 @@ def test_vllm_reads_every_eagle31_option_the_schema_offers():
 
 
 def test_vllm_serves_every_draft_layer_type_we_offer():
-    """vLLM's speculators-config reader maps each of ``draft.layers``' types to a draft
-    architecture in its model registry; fails when it stops serving one."""
+    """vLLM's speculators-config reader maps each of ``draft.layers``' speculators types to
+    a draft architecture in its model registry, and the MLA draft's plain config names one
+    too; fails when it stops serving one."""
     from eagle3_pipeline.draft.layers import DRAFT_LAYERS
+    from eagle3_pipeline.draft.mla_format import SERVED_ARCHITECTURE
 
+    speculators_types = [n for n, k in DRAFT_LAYERS.items() if not k.mla]
     res = run_in_vllm(f"""
         import json
         from vllm.model_executor.models.registry import ModelRegistry
         from vllm.transformers_utils.configs.speculators.algos import SUPPORTED_SPECULATORS_TYPES
         out = {{}}
-        for name in {list(DRAFT_LAYERS)!r}:
+        # vLLM prefixes a plain EAGLE-3 config's architecture with Eagle3
+        mla = "Eagle3" + {SERVED_ARCHITECTURE!r}
+        out["mla"] = mla if mla in ModelRegistry.get_supported_archs() else None
+        for name in {speculators_types!r}:
             cfg = {{"model_type": name}}
             try:
                 SUPPORTED_SPECULATORS_TYPES["eagle3"]({{}}, cfg)
