@@ -100,6 +100,8 @@ def test_real_target_profiles_name_hub_id_and_remote_code():
         (["extract.rank=1"], "extract.rank=1 must be < extract.world_size=1"),
         (["train.draft.norm_before_fc=true", "train.draft.fc_norm=true"], "exclusive"),
         (["train.draft.layer_type=mla", "train.draft.norm_before_fc=true"], "no norm before fc"),
+        (["train.init_from=data/draft"], "train's own output (paths.draft)"),
+        (["train.init_from=./data/train_state/x"], "train's own output (paths.train_state)"),
         # train.loss: a speculators loss name, or a JSON dict of them to weights
         (["train.loss=kld"], "train.loss='kld'"),
         (['train.loss=\'{"ce": 0.1, "xx": 1}\''], "'xx'"),

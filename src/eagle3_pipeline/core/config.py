@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from contextvars import ContextVar
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -711,8 +712,28 @@ def validate(cfg: Config) -> Config:
         )
     if cfg.data.source in ("file", "hf") and not cfg.data.path:
         raise ConfigError(f"data.path is required when data.source={cfg.data.source}")
+    _check_init_from(cfg)
     _check_prompt_sets(cfg)
     return cfg
+
+
+def _check_init_from(cfg: Config) -> None:
+    """A warm start from train's own output: DVC deletes ``data/draft`` before train runs,
+    and each run would change the source it depends on (train would never be up to date),
+    so the user copies the draft out first."""
+    init = cfg.train.init_from
+    if init is None:
+        return
+    src = os.path.normpath(os.path.abspath(init))
+    for key in ("draft", "train_state"):
+        out = os.path.normpath(os.path.abspath(getattr(cfg.paths, key)))
+        if src == out or src.startswith(out + os.sep):
+            raise ConfigError(
+                f"train.init_from={init} is train's own output (paths.{key}): DVC deletes it "
+                "before train runs and every run would change it; copy it out first, e.g. "
+                f"cp -r {getattr(cfg.paths, key)} drafts/base && dvc exp run -S "
+                "train.init_from=drafts/base"
+            )
 
 
 def _check_serving_sweeps(v: ValidateConfig) -> None:
