@@ -78,6 +78,9 @@ def test_real_target_profiles_name_hub_id_and_remote_code():
         (["validate.num_prompts=0"], "validate.num_prompts=0 must be >= 1 (or null)"),
         (["validate.max_new_tokens=0"], "validate.max_new_tokens=0 must be >= 1"),
         (["train.val_fraction=1.0"], "train.val_fraction=1.0 must be < 1"),
+        # refused at compose, not by train after target, prepare and extract have run
+        (["train.val_fraction=0"], "train.val_fraction=0.0 must be > 0"),
+        (["train.tokens_per_step=8"], "train.tokens_per_step=8 must be >= 16"),
         (["train.lr=0"], "train.lr=0.0 must be > 0"),
         (
             ["hardware.serving.gpu_memory_utilization=1.5"],

@@ -430,13 +430,13 @@ class TrainConfig:
     warmup_ratio: float = ranged(0.05, ge=0, lt=1)
     weight_decay: float = ranged(0.01, ge=0)
     grad_clip: float = ranged(1.0, ge=0)  # max grad norm; 0 = off
-    tokens_per_step: int = ranged(1024, ge=1)  # packed tokens per optimizer step (per GPU)
+    tokens_per_step: int = ranged(1024, ge=16)  # packed tokens per optimizer step (per GPU)
     ttt_step_loss_decay: float = ranged(1.0, gt=0)
     # A speculators loss (core.choices.LossName) or a JSON dict of them to weights.
     loss: str = "kl_div"
     # Uniform noise U(-a/2, a/2) added to the input hidden states, training only (EAGLE).
     hidden_noise: float = ranged(0.05, ge=0)
-    val_fraction: float = ranged(0.1, ge=0, lt=1)  # the last rows of the prepared dataset
+    val_fraction: float = ranged(0.1, gt=0, lt=1)  # the last rows of the prepared dataset
     checkpoint_every_steps: int = ranged(
         50, ge=1
     )  # resumable state, also written at each epoch's end

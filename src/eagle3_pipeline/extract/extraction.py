@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline.core.config import Config, ConfigError
+from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.core.dvc_cache import release_damaged
 from eagle3_pipeline.core.errors import StageError
 from eagle3_pipeline.extract.fingerprint import check_prepared_tokenizer, tokenizer_sha256
@@ -69,18 +69,6 @@ def _check_layers(spec: TargetSpec, cfg: Config) -> None:
         )
 
 
-def _check_config(cfg: Config) -> None:
-    e = cfg.extract
-    if not 0 <= e.rank < e.world_size:
-        raise ConfigError(
-            f"extract.rank={e.rank} must be in [0, extract.world_size={e.world_size})"
-        )
-    if e.on_mismatch not in ("refuse", "restart"):
-        raise ConfigError(f"extract.on_mismatch={e.on_mismatch!r} is not one of refuse, restart")
-    if e.batch_tokens < 1 or e.plan_rows < 1 or e.writer_queue < 1:
-        raise ConfigError("extract.batch_tokens, plan_rows and writer_queue must be >= 1")
-
-
 def prepare_output(out: Path) -> bool:
     """Create the output directory and prove it is writable; True when created here."""
     created = not out.exists()
@@ -97,10 +85,9 @@ def prepare_output(out: Path) -> bool:
 
 
 def checked_target(cfg: Config) -> tuple[TargetSpec, Path, str]:
-    """The extract settings, target.json's layers, the model directory and the prepared
-    rows' tokenizer (both modes check these before anything else); the target's spec, its
-    directory and its tokenizer's hash."""
-    _check_config(cfg)
+    """target.json's layers, the model directory and the prepared rows' tokenizer (both
+    modes check these before anything else; the extract settings were checked at
+    compose); the target's spec, its directory and its tokenizer's hash."""
     spec = load_target_spec(target_json_path(cfg))
     _check_layers(spec, cfg)
     model_dir = Path(spec.path or "")

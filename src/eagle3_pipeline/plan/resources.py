@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from eagle3_pipeline.core.config import Config, ConfigError
+from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.core.metrics import details_path, read_details
 from eagle3_pipeline.core.records import Record, RecordError
 from eagle3_pipeline.data.record import PrepareRecord
@@ -81,8 +81,7 @@ class StorageEstimate:
 
 
 def hidden_state_bytes_per_token(n_captured: int, hidden: int, dtype: str) -> int:
-    if dtype not in DTYPE_BYTES:
-        raise ConfigError(f"extract.dtype={dtype!r} is not one of {', '.join(DTYPE_BYTES)}")
+    """Bytes one token's captured states take (``extract.dtype`` is a schema Enum)."""
     return n_captured * hidden * DTYPE_BYTES[dtype]
 
 
