@@ -130,7 +130,7 @@ def train_stock(cfg: Any, spec: Any, work: Path, out: Path, extra: list[str]) ->
     cmd = [
         sys.executable,
         "-m",
-        "eagle3_pipeline.compat.speculators_cli",
+        "eagle3_pipeline.tools.speculators_cli",
         *_stock_flags(cfg, spec, work, out.parent / "vocab", out / "ckpt"),
         *extra,
     ]

@@ -4,8 +4,6 @@ copy of the repository. Shared by tests/test_dvc_graph.py and tests/test_params_
 
 from __future__ import annotations
 
-import ast
-import functools
 import json
 import os
 import re
@@ -16,75 +14,15 @@ from pathlib import Path
 import yaml
 from workdirs import repo_copy
 
+from eagle3_pipeline.tools.graph import STAGES, executed_modules, imports, module_file
+
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
-STAGES = ("preflight", "target", "prepare", "extract", "train", "validate")
 
 
-@functools.cache
-def _module_file(name: str) -> Path | None:
-    p = SRC / name.replace(".", "/")
-    if (p / "__init__.py").is_file():
-        return p / "__init__.py"
-    return p.with_suffix(".py") if p.with_suffix(".py").is_file() else None
-
-
-@functools.cache
-def _imports(name: str) -> frozenset[str]:
-    """Package modules ``name`` imports, at any depth of its code (lazy imports included),
-    plus modules named in strings (``python -m eagle3_pipeline.X`` workers, the vLLM
-    connector's module path): a subprocess runs them for the stage too; and a package's
-    every module when it discovers them (``pkgutil.iter_modules(__path__)``)."""
-    path = _module_file(name)
-    assert path is not None, name
-    is_pkg = path.name == "__init__.py"
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                parts = name.split(".")
-                base = parts if is_pkg else parts[:-1]
-                base = base[: len(base) - (node.level - 1)]
-                mod = ".".join(base + ([node.module] if node.module else []))
-            else:
-                mod = node.module or ""
-            found.add(mod)
-            found.update(f"{mod}.{a.name}" for a in node.names)
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            if node.value.startswith("eagle3_pipeline."):
-                found.add(node.value.split(":")[0])
-        elif (
-            is_pkg
-            and isinstance(node, ast.Call)
-            and ast.unparse(node.func).endswith("iter_modules")
-            and "__path__" in ast.unparse(node)
-        ):
-            # a registry that imports every module of its package (targets.families)
-            found.update(
-                f"{name}.{p.stem}" for p in path.parent.glob("*.py") if p.stem != "__init__"
-            )
-    out: set[str] = set()
-    for mod in found:
-        parts = mod.split(".")
-        if parts[0] != "eagle3_pipeline":
-            continue
-        while parts and _module_file(".".join(parts)) is None:
-            parts.pop()
-        out.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
-    return frozenset(out)
-
-
-def executed_modules(stage: str) -> set[str]:
-    seen: set[str] = set()
-    todo = [f"eagle3_pipeline.stages.{stage}"]
-    while todo:
-        mod = todo.pop()
-        if mod not in seen:
-            seen.add(mod)
-            todo.extend(_imports(mod) - seen)
-    return seen
+# the one import-graph walker, the package's (eagle3-graph generates the code deps from it)
+_module_file = module_file
+__all__ = ["STAGES", "executed_modules", "imports", "module_file"]
 
 
 def _graph() -> dict:

@@ -457,13 +457,13 @@ def test_without_target_warns_on_local_verifier_path(built: Built) -> None:
 
 
 def test_cli_exit_codes(built: Built, tmp_path: Path) -> None:
-    from eagle3_pipeline.validate.cli import main
+    from eagle3_pipeline.tools.check_draft import main
 
     target_json = tmp_path / "target.json"
     atomic_write_json(target_json, built.spec.to_dict())
     bad = variant(built, tmp_path, tensors=lambda sd: sd.pop("norm.weight"))
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    cmd = [sys.executable, "-m", "eagle3_pipeline.validate.cli", "--no-reload"]
+    cmd = [sys.executable, "-m", "eagle3_pipeline.tools.check_draft", "--no-reload"]
 
     # once through a real process: the exit status and a parseable --json report
     fail = subprocess.run(

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_pipeline.experiments.compare import changed_params, experiments_from_json, main
+from eagle3_pipeline.tools.experiments.compare import changed_params, experiments_from_json, main
 
 STAGE = """\
 import json, os, yaml

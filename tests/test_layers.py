@@ -40,10 +40,8 @@ LAYERS = (
     "validate",
     "plan",
     "preflight",
-    "experiments",
-    "remote",
-    "fetch",
     "stages",
+    "tools",
 )
 
 # Run inside the separate vLLM environment, where this package is installed without its

@@ -393,7 +393,7 @@ def test_params_edits_stale_exactly_the_stages_that_read_them(index: Index, tmp_
     data["gpu_memory_mib"] -= 1024
     profile.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     subprocess.run(
-        [sys.executable, "-m", "eagle3_pipeline.core.compose"],
+        [sys.executable, "-m", "eagle3_pipeline.tools.compose"],
         cwd=root,
         check=True,
         capture_output=True,

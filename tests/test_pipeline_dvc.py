@@ -125,7 +125,7 @@ def repo_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     data = yaml.safe_load(conf.read_text())
     _merge(data, REDUCED)
     conf.write_text(yaml.safe_dump(data, sort_keys=False))
-    _run(dst, sys.executable, "-m", "eagle3_pipeline.core.compose")
+    _run(dst, sys.executable, "-m", "eagle3_pipeline.tools.compose")
     _run(dst, "git", "init", "-q")
     _run(dst, "git", "add", "-A")
     _run(dst, "git", "commit", "-qm", "reduced config")
@@ -232,7 +232,7 @@ def test_repro_end_to_end_then_cached_then_train_only_change(repo_copy: Path):
         repo_copy,
         sys.executable,
         "-m",
-        "eagle3_pipeline.experiments.compare",
+        "eagle3_pipeline.tools.experiments.compare",
         "-A",
         "--out",
         "compare.png",
@@ -481,7 +481,7 @@ def test_two_nodes_on_localhost_run_the_plans_commands(repo_copy: Path, tmp_path
         },
     )
     conf.write_text(yaml.safe_dump(data, sort_keys=False))
-    _run(repo_copy, sys.executable, "-m", "eagle3_pipeline.core.compose")
+    _run(repo_copy, sys.executable, "-m", "eagle3_pipeline.tools.compose")
     _dvc(repo_copy, "remote", "add", "-f", "-d", "nodes", str(tmp_path / "remote"))
     two = _plan(repo_copy, tmp_path / "plan")["modes"]["two_nodes"]
     (extract, train) = two["offline"].values()
@@ -555,5 +555,5 @@ def test_two_nodes_on_localhost_run_the_plans_commands(repo_copy: Path, tmp_path
         assert time.monotonic() - t0 < 90
 
     conf.write_text(saved_conf)
-    _run(repo_copy, sys.executable, "-m", "eagle3_pipeline.core.compose")
+    _run(repo_copy, sys.executable, "-m", "eagle3_pipeline.tools.compose")
     _dvc(repo_copy, "remote", "remove", "nodes")

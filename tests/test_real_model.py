@@ -106,7 +106,7 @@ def real_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
         root,
         sys.executable,
         "-m",
-        "eagle3_pipeline.core.compose",
+        "eagle3_pipeline.tools.compose",
         *REDUCED,
         f"model.gguf.path={gguf}",
         f"data.path={sharegpt}",

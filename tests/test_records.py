@@ -296,7 +296,7 @@ def test_extract_never_reuses_files_under_a_manifest_it_cannot_read(tmp_path: Pa
 
 
 def test_the_headline_keys_are_declared_once_on_the_records() -> None:
-    from eagle3_pipeline.experiments.compare import FIGURES
+    from eagle3_pipeline.tools.experiments.compare import FIGURES
 
     assert PreflightRecord.headline_keys() == ("passed",)
     assert PrepareRecord.headline_keys() == ("rows",)

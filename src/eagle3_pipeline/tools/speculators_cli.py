@@ -1,4 +1,4 @@
-"""``python -m eagle3_pipeline.compat.speculators_cli ARGS``: speculators' own training CLI
+"""``python -m eagle3_pipeline.tools.speculators_cli ARGS``: speculators' own training CLI
 with only the patches a CPU-only host needs (see ``stock_cli_main``)."""
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from eagle3_pipeline.compat.dvc_remote import RemoteProblem
-from eagle3_pipeline.remote.check import (
+from eagle3_pipeline.tools.remote.check import (
     RemoteReport,
     absent_line,
     check_remote,

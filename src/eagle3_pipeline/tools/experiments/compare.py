@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         help="experiments of every commit, not only HEAD's (dvc exp show -A)",
     )
     args = ap.parse_args(argv)
-    from eagle3_pipeline.experiments.render import render_png, render_table
+    from eagle3_pipeline.tools.experiments.render import render_png, render_table
 
     if args.from_json:
         shown = json.loads(args.from_json.read_text(encoding="utf-8"))

@@ -21,7 +21,7 @@ from pathlib import Path
 from eagle3_pipeline.core.config import ConfigError, PinnedFileConfig
 from eagle3_pipeline.targets.fingerprint import sha256_file
 
-log = logging.getLogger("eagle3_pipeline.fetch")
+log = logging.getLogger("eagle3_pipeline.tools.fetch")
 
 
 def pip_download(spec: str, dest: Path) -> Path:

@@ -18,9 +18,9 @@ from eagle3_pipeline.targets.adapter import TargetSpec, describe_target, load_ta
 
 EPILOG = """\
 examples:
-  python -m eagle3_pipeline.validate.cli data/draft --target data/target/target.json
-  python -m eagle3_pipeline.validate.cli DRAFT --target /models/Llama-3.1-8B --json
-  python -m eagle3_pipeline.validate.cli DRAFT --no-reload     # format rules only
+  eagle3-check-draft data/draft --target data/target/target.json
+  eagle3-check-draft DRAFT --target /models/Llama-3.1-8B --json
+  eagle3-check-draft DRAFT --no-reload     # format rules only
 
 --target takes the target stage's target.json (or a directory holding one), or a model
 directory with config.json. Without it, checks against the target (hidden size, vocab,
@@ -49,7 +49,7 @@ def spec_for_target_arg(arg: str) -> TargetSpec:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m eagle3_pipeline.validate.cli",
+        prog="eagle3-check-draft",
         description=__doc__.split("\n\n")[0],
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -1,0 +1,204 @@
+"""``eagle3-graph``: each stage's code deps in ``dvc.yaml``, generated from the import graph.
+
+Why generated: a stage must rerun when code it executes changes, and only then. Listing
+whole subpackages by hand made every stage depend on tools it never runs (editing
+``eagle3-fetch`` reran target training, regeneration and extraction) and went stale
+silently when a module started importing another subpackage. Here a stage's code deps are
+exactly the files of the modules its entrypoint can execute: every import at any depth of
+the code (lazy ones included, since a lazy import hides a dependency, it does not remove
+it), modules named in strings (``python -m eagle3_pipeline.X`` workers and the vLLM
+connector's module path run for the stage in a subprocess), and every module of a package
+that discovers its modules (``pkgutil.iter_modules(__path__)``: the family registry). A
+directory is listed whole when every module under it is executed, so a new module there
+shows up as a difference. ``eagle3-graph --check`` exits 1 when ``dvc.yaml`` differs from
+what this would write (a test runs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import functools
+import re
+import sys
+from pathlib import Path
+
+PKG = "eagle3_pipeline"
+SRC = Path(__file__).resolve().parents[2]  # the directory holding the package
+STAGES = ("preflight", "target", "prepare", "extract", "train", "validate")
+
+# A code dep line of dvc.yaml (generated), and a comment line standing among them.
+_CODE_DEP = re.compile(r"^\s+- src/eagle3_pipeline\S*\s*(#.*)?$")
+_COMMENT = re.compile(r"^\s+#")
+_STAGE = re.compile(r"^  (\w+):\s*$")
+
+
+@functools.cache
+def module_file(name: str) -> Path | None:
+    """The file of package module ``name`` (a package's ``__init__.py``), or None."""
+    p = SRC / name.replace(".", "/")
+    if (p / "__init__.py").is_file():
+        return p / "__init__.py"
+    return p.with_suffix(".py") if p.with_suffix(".py").is_file() else None
+
+
+@functools.cache
+def imports(name: str) -> frozenset[str]:
+    """Package modules that executing ``name`` can execute directly (see the module doc),
+    with every parent package of each (importing ``a.b.c`` runs ``a`` and ``a.b``)."""
+    path = module_file(name)
+    if path is None:
+        raise ValueError(f"{name}: not a module of {PKG}")
+    is_pkg = path.name == "__init__.py"
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = name.split(".")
+                base = parts if is_pkg else parts[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            found.add(mod)
+            found.update(f"{mod}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if node.value.startswith(PKG + "."):
+                found.add(node.value.split(":")[0])
+        elif (
+            is_pkg
+            and isinstance(node, ast.Call)
+            and ast.unparse(node.func).endswith("iter_modules")
+            and "__path__" in ast.unparse(node)
+        ):
+            found.update(
+                f"{name}.{p.stem}" for p in path.parent.glob("*.py") if p.stem != "__init__"
+            )
+    out: set[str] = set()
+    for mod in found:
+        parts = mod.split(".")
+        if parts[0] != PKG:
+            continue
+        while parts and module_file(".".join(parts)) is None:
+            parts.pop()
+        out.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+    return frozenset(out)
+
+
+def executed_modules(stage: str) -> set[str]:
+    """The import closure of ``eagle3_pipeline.stages.<stage>``."""
+    seen: set[str] = set()
+    todo = [f"{PKG}.stages.{stage}"]
+    while todo:
+        mod = todo.pop()
+        if mod not in seen:
+            seen.add(mod)
+            todo.extend(imports(mod) - seen)
+    return seen
+
+
+def code_deps(stage: str) -> list[str]:
+    """``stage``'s code deps as ``dvc.yaml`` lists them: repository-relative paths, a
+    directory when every module under it is executed, sorted."""
+    files = {module_file(m) for m in executed_modules(stage)}
+    root = SRC.parent
+    pkg_dir = SRC / PKG
+
+    def whole(d: Path) -> bool:
+        return all(p in files for p in d.rglob("*.py") if "__pycache__" not in p.parts)
+
+    deps: list[str] = []
+
+    def walk(d: Path) -> None:
+        for child in sorted(d.iterdir()):
+            if child.is_dir() and child.name != "__pycache__":
+                if whole(child):
+                    deps.append(child.relative_to(root).as_posix())
+                else:
+                    walk(child)
+            elif child.suffix == ".py" and child in files:
+                deps.append(child.relative_to(root).as_posix())
+
+    walk(pkg_dir)
+    return deps
+
+
+def render(text: str) -> str:
+    """``dvc.yaml``'s text with each stage's code deps replaced by :func:`code_deps` (the
+    first lines of its ``deps:``; comments and other deps kept)."""
+    lines = text.splitlines()
+    out: list[str] = []
+    stage: str | None = None
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        m = _STAGE.match(line)
+        if m:
+            stage = m.group(1)
+        if stage in STAGES and line.strip() == "deps:":
+            out.append(line)
+            indent = len(line) - len(line.lstrip())
+            out.extend(f"{' ' * (indent + 2)}- {d}" for d in code_deps(stage))
+            i += 1
+            # the block's other deps stay; old code deps and comments among them go
+            while i < len(lines) and (
+                not lines[i].strip() or len(lines[i]) - len(lines[i].lstrip()) > indent
+            ):
+                if not (
+                    _CODE_DEP.match(lines[i])
+                    or (_COMMENT.match(lines[i]) and _next_is_code_dep(lines, i))
+                ):
+                    out.append(lines[i])
+                i += 1
+            stage = None
+            continue
+        out.append(line)
+        i += 1
+    return "\n".join(out) + ("\n" if text.endswith("\n") else "")
+
+
+def _next_is_code_dep(lines: list[str], i: int) -> bool:
+    while i < len(lines) and _COMMENT.match(lines[i]):
+        i += 1
+    return i < len(lines) and bool(_CODE_DEP.match(lines[i]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="eagle3-graph",
+        description="Rewrite dvc.yaml's code deps (each stage: the modules it imports).",
+    )
+    ap.add_argument("--dvc-yaml", default="dvc.yaml", type=Path)
+    ap.add_argument(
+        "--check", action="store_true", help="write nothing; exit 1 when dvc.yaml is stale"
+    )
+    args = ap.parse_args(argv)
+    path: Path = args.dvc_yaml
+    if not path.is_file():
+        print(f"eagle3-graph: {path}: not found (run it in the repository root)", file=sys.stderr)
+        return 2
+    text = path.read_text(encoding="utf-8")
+    new = render(text)
+    if args.check:
+        if new != text:
+            print(
+                f"eagle3-graph: {path}: code deps differ from the import graph; "
+                "run eagle3-graph to rewrite them",
+                file=sys.stderr,
+            )
+            return 1
+        return 0
+    if new != text:
+        tmp = path.with_suffix(".yaml.tmp")
+        tmp.write_text(new, encoding="utf-8")
+        tmp.replace(path)
+        print(f"eagle3-graph: {path}: code deps rewritten")
+    else:
+        print(f"eagle3-graph: {path}: up to date")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
