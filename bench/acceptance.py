@@ -42,7 +42,7 @@ def _spec(root: Path) -> Any:
     from eagle3_pipeline.targets.adapter import load_target_spec
 
     spec = load_target_spec(root / "data/target/target.json")
-    path = Path(spec.path)
+    path = Path(spec.path or "")
     return dataclasses.replace(spec, path=str(path if path.is_absolute() else root / path))
 
 

@@ -156,7 +156,7 @@ def main() -> None:
         tokens = sum(len(r) for r in rows)
         plan = plan_batches([len(r) for r in rows], args.batch_tokens, cfg.extract.plan_rows)
 
-        lm = load_language_model(spec, Path(spec.path), "float32")
+        lm = load_language_model(spec, Path(spec.path or ""), "float32")
         bare_forward(lm, rows, plan[:1], full=False)  # warm-up
         fwd_s = bare_forward(lm, rows, plan, full=False)
         full_s = bare_forward(lm, rows, plan, full=True)

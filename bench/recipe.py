@@ -404,8 +404,8 @@ def main() -> None:
             for n, r in runs.items()
             if n.startswith("stock")
         ]
-        vals = [x for x in vals if x]
-        return max(vals) if vals else None
+        present = [float(x) for x in vals if x]
+        return max(present) if present else None
 
     cols = [None, *sets]
     bases = {c: ratio_base(c) for c in cols}

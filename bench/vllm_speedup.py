@@ -57,14 +57,15 @@ def main() -> None:
     )
     prompts = [p.prompt_ids for p in load_prompts(data / "heldout" / "prompts.jsonl")]
     prompts = prompts[: args.prompts]
-    stops = stop_token_ids(spec.path)
+    model = spec.path or ""
+    stops = stop_token_ids(model)
     python = find_python(cfg.vllm.python)
 
-    base = build_engine(cfg, spec, spec.path, "baseline", dtype="float32")
+    base = build_engine(cfg, spec, model, "baseline", dtype="float32")
     engines = {
         "target": base,
         "target + draft": build_engine(
-            cfg, spec, spec.path, "validate", dtype="float32", draft_dir=draft, k=k
+            cfg, spec, model, "validate", dtype="float32", draft_dir=draft, k=k
         ),
         "target, MLA off": dataclasses.replace(base, env={**base.env, "VLLM_MLA_DISABLE": "1"}),
         "target, rotary op off": dataclasses.replace(

@@ -21,6 +21,7 @@ asserted the same.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 import os
@@ -263,7 +264,10 @@ def check_validate(ctx: Context) -> list[str]:
     a = rec.acceptance_length
     expect(a is not None and math.isfinite(a), f"acceptance length {a}: not measured")
     # above 1: the draft the trainer saved loads and proposes tokens the target accepts
-    expect(a > 1.0, f"acceptance length {a}: the target accepted none of the draft's tokens")
+    expect(
+        a is not None and a > 1.0,
+        f"acceptance length {a}: the target accepted none of the draft's tokens",
+    )
     expect(rec.tokens > 0 and rec.verification_steps > 0, f"{rec.tokens} tokens generated")
     expect(rec.vllm_acceptance_length is None, "vLLM ran: validate.vllm=false was not honoured")
     if rec.dtype == "float32":  # exact arithmetic: the stage itself fails otherwise
@@ -411,8 +415,9 @@ def run_stage(stage: str, overrides: list[str], env: dict[str, str], verbose: bo
     t0 = time.perf_counter()
     with log_path.open("wb") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        assert proc.stdout is not None
-        for chunk in iter(lambda: proc.stdout.read1(65536), b""):  # type: ignore[union-attr]
+        out = proc.stdout
+        assert isinstance(out, io.BufferedReader)
+        for chunk in iter(lambda: out.read1(65536), b""):
             log.write(chunk)
             if verbose:
                 sys.stdout.buffer.write(chunk)

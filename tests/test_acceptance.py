@@ -13,7 +13,7 @@ import dataclasses
 import json
 import random
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,7 @@ def single_thread():
 
 
 @pytest.fixture(scope="module")
-def setup(tiny_target: Path, single_thread: None) -> Setup:
+def setup(tiny_target: Path, single_thread: None) -> Iterator[Setup]:
     s = make_setup(tiny_target)
     yield s
     s.target.close()
@@ -71,8 +71,9 @@ def make_setup(workdir: Path) -> Setup:
     from eagle3_pipeline.validate.run import stop_token_ids
 
     spec = load_target_spec(workdir / "data" / "target" / "target.json")
-    spec = dataclasses.replace(spec, path=str(workdir / spec.path))
-    tok = AutoTokenizer.from_pretrained(spec.path)
+    model_dir = workdir / (spec.path or "")
+    spec = dataclasses.replace(spec, path=str(model_dir))
+    tok = AutoTokenizer.from_pretrained(model_dir)
     convs = builtin_conversations(0)
     prompts = [
         Prompt(str(i), render_ids(tok, c["messages"][:1], generation_prompt=True))
@@ -82,10 +83,10 @@ def make_setup(workdir: Path) -> Setup:
         render_ids(tok, c["messages"][:2], generation_prompt=False)[:256]
         for c in convs[N_PROMPTS : N_PROMPTS + 60]
     ]
-    return Setup(spec, Target.load(spec), prompts, train, stop_token_ids(spec.path))
+    return Setup(spec, Target.load(spec), prompts, train, stop_token_ids(model_dir))
 
 
-def new_draft(s: Setup, seed: int = 0, **options: bool) -> Any:
+def new_draft(s: Setup, seed: int = 0, **options: Any) -> Any:
     from eagle3_pipeline.core.config import DraftShapeConfig
     from eagle3_pipeline.draft.shape import build_draft, build_vocab_mapping, resolve_draft_shape
 

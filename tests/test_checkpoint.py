@@ -126,7 +126,7 @@ def variant(
     built: Built,
     tmp_path: Path,
     config: Callable[[dict[str, Any]], None] | None = None,
-    tensors: Callable[[dict[str, torch.Tensor]], None] | None = None,
+    tensors: Callable[[dict[str, torch.Tensor]], object] | None = None,
 ) -> Path:
     """A copy of the base draft with one defect applied to its config and/or tensors."""
     out = tmp_path / "draft"

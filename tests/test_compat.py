@@ -11,6 +11,7 @@ import dataclasses
 import inspect
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -64,7 +65,7 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict[st
     from transformers import LlamaConfig, LlamaForCausalLM
 
     root = tmp_path_factory.mktemp("compat")
-    shape = dict(
+    shape: dict[str, Any] = dict(
         hidden_size=32,
         intermediate_size=64,
         num_attention_heads=2,
@@ -192,7 +193,7 @@ def test_strict_dataset_raises_where_speculators_returns_sample_unavailable(
 
     def fake_init(self: ArrowDataset, **kwargs: object) -> None:
         assert kwargs["on_missing"] == "raise"  # never "generate" (a server on localhost)
-        self.transfer = kwargs["transfer"]
+        self.transfer = kwargs["transfer"]  # type: ignore[assignment]
 
     reason = "Cached token ids do not match sample 5"
     monkeypatch.setattr(ArrowDataset, "__init__", fake_init)
@@ -255,7 +256,7 @@ def test_stock_trainer_runs_a_step_on_cpu(saved) -> None:
             hidden_states_dtype=torch.float32,
             scheduler_type="none",
         )
-        loader = DataLoader([batch], batch_size=None)
+        loader: DataLoader = DataLoader([batch], batch_size=None)  # type: ignore[arg-type]
         trainer = speculators_trainer(model, tcfg, loader, None, device="cpu")
         trainer.train_epoch(0)
     assert trainer.global_step == 1
@@ -374,7 +375,7 @@ def test_dvc_internals_used_by_eagle3_remote() -> None:
     assert callable(Tree.load) and callable(get_index)
     assert callable(ObjectDBIndexBase.clear) and callable(ObjectDBIndexBase.close)
     hi = HashInfo("md5", "0" * 32 + ".dir")
-    assert hi.isdir and hi.value.endswith(".dir")
+    assert hi.isdir and (hi.value or "").endswith(".dir")
 
 
 # --------------------------------------------------------------------------- torch's Muon

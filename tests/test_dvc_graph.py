@@ -31,7 +31,9 @@ def test_every_executed_module_is_a_dep(stage: str) -> None:
     deps = [_render(d, _params()) for d in _graph()[stage]["deps"]]
     missing = []
     for mod in sorted(executed_modules(stage)):
-        rel = _module_file(mod).relative_to(ROOT).as_posix()
+        path = _module_file(mod)
+        assert path is not None, mod
+        rel = path.relative_to(ROOT).as_posix()
         if not any(rel == d or rel.startswith(d.rstrip("/") + "/") for d in deps):
             missing.append(rel)
     assert not missing, f"stage {stage} runs these modules but does not depend on them: {missing}"

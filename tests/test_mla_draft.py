@@ -10,10 +10,12 @@ import dataclasses
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
+from eagle3_pipeline.core.choices import DraftLayerType
 from eagle3_pipeline.core.config import ConfigError, DraftShapeConfig
 
 pytestmark = pytest.mark.integration
@@ -39,7 +41,7 @@ def _rope_pairs(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tenso
     return out
 
 
-def _reference(layer: torch.nn.Module, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+def _reference(layer: Any, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
     """EAGLE-3's first layer with MLA, written out: norms, [embeds, hidden] into the q and
     latent projections, causal softmax attention over nope + rope parts, residual, MLP."""
     a, sd = layer.self_attn, {k: v.detach() for k, v in layer.state_dict().items()}
@@ -73,7 +75,7 @@ def _reference(layer: torch.nn.Module, embeds: torch.Tensor, hidden: torch.Tenso
     return h + (torch.nn.functional.silu(gate) * up) @ sd["mlp.down_proj.weight"].T
 
 
-def _layer_config(q_lora: int | None = Q_LORA) -> object:
+def _layer_config(q_lora: int | None = Q_LORA) -> Any:
     from eagle3_pipeline.draft import mla
 
     cfg = mla.layer_config(
@@ -151,14 +153,14 @@ def test_mla_needs_an_mla_target_and_takes_its_latent_sizes(tiny_target: Path) -
     from eagle3_pipeline.targets.adapter import load_target_spec
 
     spec = load_target_spec(tiny_target / "data/target/target.json")
-    shape = resolve_draft_shape(DraftShapeConfig(layer_type="mla"), spec)
-    assert shape.mla == spec.mla and spec.mla is not None
+    shape = resolve_draft_shape(DraftShapeConfig(layer_type=DraftLayerType.mla), spec)
+    assert shape.mla == spec.mla and shape.mla is not None
     assert shape.mla.kv_lora_rank + shape.mla.qk_rope_head_dim == 576  # vLLM's CPU kernel
     with pytest.raises(ConfigError, match="train.draft.head_dim=8: an MLA draft layer"):
-        resolve_draft_shape(DraftShapeConfig(layer_type="mla", head_dim=8), spec)
+        resolve_draft_shape(DraftShapeConfig(layer_type=DraftLayerType.mla, head_dim=8), spec)
     llama = dataclasses.replace(spec, attention="standard", mla=None)
     with pytest.raises(ConfigError, match="has no MLA attention"):
-        resolve_draft_shape(DraftShapeConfig(layer_type="mla"), llama)
+        resolve_draft_shape(DraftShapeConfig(layer_type=DraftLayerType.mla), llama)
 
 
 def test_saved_as_vllm_serves_it_validated_and_reloaded(tiny_target: Path, tmp_path: Path) -> None:
@@ -173,9 +175,9 @@ def test_saved_as_vllm_serves_it_validated_and_reloaded(tiny_target: Path, tmp_p
     from eagle3_pipeline.validate.checkpoint import validate_checkpoint
 
     spec = load_target_spec(tiny_target / "data/target/target.json")
-    model_dir = tiny_target / "data/target" / Path(spec.path).name
+    model_dir = tiny_target / "data/target" / Path(spec.path or "").name
     spec = dataclasses.replace(spec, path=str(model_dir))
-    options = DraftShapeConfig(layer_type="mla")
+    options = DraftShapeConfig(layer_type=DraftLayerType.mla)
     shape = resolve_draft_shape(options, spec)
     dv = 512
     d2t = torch.arange(dv) * 2 - torch.arange(dv)  # offset style: draft i -> target 2i

@@ -54,6 +54,7 @@ def _project(root: Path, template: bool) -> Path:
 def _screenshot(page: Path, out: Path) -> list[tuple[int, int, int]]:
     from PIL import Image
 
+    assert CHROMIUM is not None
     subprocess.run(
         [
             CHROMIUM,

@@ -93,7 +93,8 @@ def test_online_extract_writes_only_the_manifest(tiny_target: Path, tmp_path: Pa
     """The extract stage in online mode: every pre-batch check, a manifest naming the
     engine (staging directory left to the train stage), no hidden-state file (an offline
     run's files are removed); training without the stage's server is one clear error."""
-    from eagle3_pipeline.stages import extract, prepare
+    import eagle3_pipeline.stages.extract as extract
+    import eagle3_pipeline.stages.prepare as prepare
     from eagle3_pipeline.train.distributed import Dist
     from eagle3_pipeline.train.errors import TrainingError
     from eagle3_pipeline.train.loop import DraftTrainer
@@ -156,6 +157,7 @@ def test_the_guard_kills_the_group_when_the_stage_is_killed(tmp_path: Path) -> N
         "time.sleep(600)\n"
     )
     stage = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    assert stage.stdout is not None
     pgid = int(stage.stdout.readline())
     assert _group_alive(pgid)
     stage.kill()
@@ -240,7 +242,7 @@ def test_online_training_equals_offline_and_resumes_after_kill_9(
     state = online / "data/train_state/state.json"
     deadline = time.monotonic() + 600
     while not (state.is_file() and json.loads(state.read_text())["global_step"] >= 2):
-        assert stage.poll() is None, stage.stderr.read()[-3000:]
+        assert stage.poll() is None, (stage.stderr.read() if stage.stderr else "")[-3000:]
         assert time.monotonic() < deadline
         time.sleep(0.2)
     stage.send_signal(signal.SIGKILL)

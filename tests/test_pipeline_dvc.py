@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -30,7 +31,7 @@ STAGES = ["preflight", "target", "prepare", "extract", "train", "validate"]
 # (vLLM-style acceptance 1.07 measured, 1.01 without the EAGLE-3.1 norms; AdamW with the
 # norms 1.74). The default is chosen for real budgets (README: 475 steps, +34 %); this
 # test checks the graph, with a draft that has learnt something.
-REDUCED = {
+REDUCED: dict[str, Any] = {
     "train": {"samples": 24, "epochs": 10, "optimizer": "adamw"},
     "data": {"heldout_size": 4, "max_new_tokens": 32},
     # one greedy stream: the sampled pass and the concurrency sweep are tested on their own

@@ -130,7 +130,7 @@ def test_mt_bench_asks_turn_two_after_the_targets_own_answer(
     from eagle3_pipeline.validate.run import stop_token_ids
 
     spec = load_target_spec(tiny_target / "data/target/target.json")
-    model_dir = tiny_target / spec.path
+    model_dir = tiny_target / (spec.path or "")
     tok = AutoTokenizer.from_pretrained(model_dir)
     link_benchmarks(tmp_path, "mt_bench", "humaneval")
     with _in(tmp_path):

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from eagle3_pipeline.core.choices import DataFormat, DataSource, RoleRule
 from eagle3_pipeline.core.config import DataConfig, load_config
 from eagle3_pipeline.data.conversations import (
     ErrorLog,
@@ -36,7 +37,9 @@ CUT_AT = 1309  # the byte where the fixture's last (cut) record starts
 
 
 def _eagle(path: Path | str = FIXTURE, roles: str = "eagle") -> DataConfig:
-    return DataConfig(source="file", path=str(path), format="sharegpt", roles=roles)
+    return DataConfig(
+        source=DataSource.file, path=str(path), format=DataFormat.sharegpt, roles=RoleRule(roles)
+    )
 
 
 # --------------------------------------------------------------------------- reading

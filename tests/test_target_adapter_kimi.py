@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from eagle3_pipeline.core.choices import Dtype
 from eagle3_pipeline.core.config import ConfigError, ModelConfig
 from eagle3_pipeline.targets.adapter import describe_config, describe_target, read_weight_names
 
@@ -19,7 +20,7 @@ def kimi_model(**kw) -> ModelConfig:
         path=str(FIXTURE),
         hub_id="moonshotai/Kimi-K2.5",
         trust_remote_code=True,
-        dtype="bfloat16",
+        dtype=Dtype.bfloat16,
         **kw,
     )
 

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 
+from eagle3_pipeline.core.choices import Device, Parallel
 from eagle3_pipeline.core.config import ConfigError, load_config, validate
 
 # A reduced config: a few dozen rows, short sequences, small packs, a small draft vocab.
@@ -84,7 +85,7 @@ def run_in(tmp_path: Path):
 def _spec(**kw: Any) -> Any:
     from eagle3_pipeline.targets.adapter import TargetSpec
 
-    base = dict(
+    base: dict[str, Any] = dict(
         name="t",
         model_type="x",
         architecture="A",
@@ -451,7 +452,7 @@ def test_parallel_mode_selection() -> None:
     mode, reason = choose_parallel(cfg, shape, kimi, 8)
     assert mode == "fsdp" and "fsdp_min_params" in reason
     assert choose_parallel(cfg, shape, kimi, 1) == ("none", "one process")
-    cfg.train.parallel = "ddp"
+    cfg.train.parallel = Parallel.ddp
     assert choose_parallel(cfg, shape, kimi, 8) == ("ddp", "train.parallel=ddp")
 
     llama = _spec(
@@ -469,7 +470,7 @@ def test_parallel_mode_selection() -> None:
     cfg.train.draft_vocab_size = 32000
     mode, reason = choose_parallel(cfg, small, llama, 8)
     assert mode == "ddp" and "trainable parameters" in reason
-    cfg.hardware.device, cfg.hardware.gpu_memory_mib = "cuda", 8192  # the replica won't fit
+    cfg.hardware.device, cfg.hardware.gpu_memory_mib = Device.cuda, 8192  # the replica won't fit
     mode, reason = choose_parallel(cfg, small, llama, 8)
     assert mode == "fsdp" and "gpu_memory_mib=8192" in reason
     cfg.hardware.gpu_memory_mib = 141 * 1024
@@ -484,7 +485,7 @@ def test_parallel_mode_selection() -> None:
     assert rt.device == "cpu" and rt.world_size == 2 and rt.launched
     cfg.train.nproc = None
     assert not resolve_runtime(cfg).launched
-    cfg.hardware.device, cfg.hardware.gpu_count = "cuda", 1
+    cfg.hardware.device, cfg.hardware.gpu_count = Device.cuda, 1
     assert resolve_runtime(cfg).launched and resolve_runtime(cfg).world_size == 1
     cfg.train.nproc = 4  # refused when the config is composed (tests/test_config.py)
     with pytest.raises(ConfigError, match="exceeds hardware.gpu_count=1"):

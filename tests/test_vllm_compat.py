@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from vllm_helpers import run_in_vllm
 
+import eagle3_pipeline.compat.vllm_expand as vllm_expand
 from eagle3_pipeline.compat import vllm as vllm_compat
-from eagle3_pipeline.compat import vllm_expand
 
 pytestmark = pytest.mark.slow
 
@@ -307,12 +307,13 @@ def test_sampling_at_temperature_accepts_draft_tokens_in_vllm(tiny_target: Path,
     finally:
         os.chdir(old)
     spec = load_target_spec(wd / "data/target/target.json")
-    spec = dataclasses.replace(spec, path=str(wd / spec.path))
+    model_dir = wd / (spec.path or "")
+    spec = dataclasses.replace(spec, path=str(model_dir))
     engine = build_engine(
-        cfg, spec, spec.path, "validate", dtype="float32", draft_dir=wd / "data/draft", k=K
+        cfg, spec, model_dir, "validate", dtype="float32", draft_dir=wd / "data/draft", k=K
     )
     prompts = [p.prompt_ids for p in load_prompts(wd / "data/heldout/prompts.jsonl")]
-    stops = stop_token_ids(spec.path)
+    stops = stop_token_ids(model_dir)
     python = find_python()
     runs = {
         t: run_offline(

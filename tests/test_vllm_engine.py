@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _spec(**kw) -> TargetSpec:
-    base = dict(
+    base: dict[str, Any] = dict(
         name="t",
         model_type="kimi_k25",
         architecture="KimiK25ForConditionalGeneration",

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle3_pipeline.compat import vllm_expand
+import eagle3_pipeline.compat.vllm_expand as vllm_expand
 
 REPO = Path(__file__).resolve().parents[1]
 

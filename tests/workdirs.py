@@ -32,7 +32,7 @@ def make_workdir(
     shutil.copytree(tiny_target / "conf", root / "conf")
     shutil.copytree(tiny_target / "data" / "target", root / "data" / "target")
     spec = load_target_spec(root / "data" / "target" / "target.json")
-    model_dir = root / spec.path
+    model_dir = root / (spec.path or "")
     spec = dataclasses.replace(spec, path=str(model_dir))
     tok = AutoTokenizer.from_pretrained(model_dir)
     stops = stop_token_ids(model_dir)
