@@ -29,8 +29,8 @@ from eagle3_pipeline.data.conversations import (
 )
 from eagle3_pipeline.data.pinned import PinnedFileError, data_file
 from eagle3_pipeline.data.prepare import no_conversation_message
-from eagle3_pipeline.data.records import count_records
 from eagle3_pipeline.data.regenerate import Generation, GenerationCache, Request, regenerate_rows
+from eagle3_pipeline.data.source_size import count_records
 
 FIXTURE = Path(__file__).parent / "fixtures" / "sharegpt" / "truncated.json"
 CUT_AT = 1309  # the byte where the fixture's last (cut) record starts

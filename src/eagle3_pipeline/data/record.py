@@ -2,7 +2,7 @@
 
 Read back by the plan (:func:`eagle3_pipeline.plan.resources.estimate_storage`): the
 measured tokens per row and rows per conversation replace the ``data.max_seq_len`` upper
-bound in the hidden-state storage estimate. (:mod:`.records` is another thing: counting
+bound in the hidden-state storage estimate. (:mod:`.source_size` is another thing: counting
 the source's records before any tokenizer runs.)
 """
 

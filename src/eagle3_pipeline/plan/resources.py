@@ -26,7 +26,7 @@ from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.core.metrics import details_path, read_details
 from eagle3_pipeline.core.records import Record, RecordError
 from eagle3_pipeline.data.record import PrepareRecord
-from eagle3_pipeline.data.records import selectable_samples
+from eagle3_pipeline.data.source_size import selectable_samples
 from eagle3_pipeline.extract.record import ExtractRecord
 from eagle3_pipeline.plan.target_info import TargetInfo
 from eagle3_pipeline.plan.units import (
