@@ -151,7 +151,7 @@ def train_record(**overrides: Any) -> TrainRecord:
         distributed_backend=None,
         data_parallel=[],
         hardware="cpu",
-        model="tiny-kimi",
+        target="tiny-kimi",
         draft_shape={"num_layers": 1},
         draft_vocab_size=1024,
         recipe={"optimizer": "adamw"},

@@ -219,7 +219,7 @@ def test_time_assumptions_and_measured_replacement(tmp_path):
     tokens_per_s = 10.0 * s.tokens_per_conversation
     write_metrics(
         cfg,
-        train_record(tokens_per_s=tokens_per_s, hardware="rtx_pro_6000_x8", model=cfg.model.name),
+        train_record(tokens_per_s=tokens_per_s, hardware="rtx_pro_6000_x8", target=cfg.model.name),
     )
     write_metrics(cfg, extract_record(tokens_per_s=5000.0, hardware="cpu", target=cfg.model.name))
     ext, trn = resources.estimate_time(cfg, s)

@@ -69,7 +69,7 @@ def make_workdir(
     held.parent.mkdir(parents=True)
     held.write_text("".join(json.dumps(r) + "\n" for r in rows))
     # the train stage's details, as it writes them (validate never reads them)
-    train_record(draft_vocab_size=1024, train_rows=10, model=spec.name).write(
+    train_record(draft_vocab_size=1024, train_rows=10, target=spec.name).write(
         root / "metrics" / "details" / "train.json"
     )
     return root

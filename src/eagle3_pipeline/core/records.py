@@ -17,8 +17,11 @@ before) and :func:`headline` (the figures DVC shows, see :mod:`eagle3_pipeline.c
 
 from __future__ import annotations
 
+import enum
 import json
-from dataclasses import MISSING, dataclass, field, fields
+import types
+import typing
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, ClassVar, NoReturn, TypeVar
 
@@ -118,8 +121,15 @@ class Record:
         missing = [k for k in cls.required_keys() if k not in data]
         if missing:
             cls._refuse(source, f"missing key(s) {', '.join(missing)}")
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        hints = _hints(cls)
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name in data:
+                try:
+                    values[f.name] = _coerce(data[f.name], hints[f.name], f.name)
+                except _WrongType as exc:
+                    cls._refuse(source, str(exc))
+        return cls(**values)
 
     @classmethod
     def read(cls: type[R], path: str | Path) -> R:
@@ -145,3 +155,122 @@ class Record:
     @classmethod
     def _refuse(cls, source: str | Path, problem: str) -> NoReturn:
         raise RecordError(source, problem, cls.STAGE)
+
+
+# --------------------------------------------------------------------------- types
+
+
+class _WrongType(ValueError):
+    """A value that is not of its field's declared type (message: the key and both types)."""
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    """The resolved field types of a dataclass (its annotations are strings), cached."""
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
+
+
+def _name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """``value`` (parsed JSON) as declared type ``tp``: checked all the way down, nested
+    dataclasses and Enums built from their JSON form; :class:`_WrongType` names ``key``
+    (dotted into nested fields, ``[i]`` into lists) and both types.
+
+    Why here and not in each reader: a record read back is trusted by the stage that
+    reads it, so a figure of the wrong type (a hand-edited or foreign file) must be
+    refused where it is read, in one line naming the file and the key, not fail later
+    inside arithmetic far from the file."""
+    if tp is Any:
+        return value
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key)
+            except _WrongType as exc:
+                errors.append(exc)
+        raise errors[0] if len(errors) == 1 else _WrongType(_message(value, tp, key))
+    if origin is typing.Literal:
+        if value in typing.get_args(tp):
+            return value
+        raise _WrongType(_message(value, tp, key))
+    if origin in (list, tuple, dict):
+        args = typing.get_args(tp)
+        if origin is dict:
+            if not isinstance(value, dict):
+                raise _WrongType(_message(value, tp, key))
+            kt, vt = args or (Any, Any)
+            return {
+                _coerce(k, kt, f"{key}.{k}"): _coerce(v, vt, f"{key}.{k}") for k, v in value.items()
+            }
+        if not isinstance(value, list | tuple):
+            raise _WrongType(_message(value, tp, key))
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            if len(args) != len(value):
+                raise _WrongType(_message(value, tp, key))
+            return tuple(
+                _coerce(v, t, f"{key}[{i}]")
+                for i, (v, t) in enumerate(zip(value, args, strict=True))
+            )
+        item = args[0] if args else Any
+        items = [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if isinstance(tp, type):
+        if is_dataclass(tp):
+            if isinstance(value, tp):
+                return value
+            if not isinstance(value, dict):
+                raise _WrongType(_message(value, tp, key))
+            hints = _hints(tp)
+            names = {f.name for f in fields(tp)}
+            missing = [
+                f.name
+                for f in fields(tp)
+                if f.default is MISSING and f.default_factory is MISSING and f.name not in value
+            ]
+            if missing:
+                raise _WrongType(f"key {key}: missing {', '.join(missing)}")
+            return tp(
+                **{k: _coerce(v, hints[k], f"{key}.{k}") for k, v in value.items() if k in names}
+            )
+        if issubclass(tp, enum.Enum):
+            try:
+                return tp(value)
+            except ValueError:
+                raise _WrongType(_message(value, tp, key)) from None
+        if tp is float:
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                return value
+            raise _WrongType(_message(value, tp, key))
+        if tp is int and isinstance(value, bool):
+            raise _WrongType(_message(value, tp, key))
+        if isinstance(value, tp):
+            return value
+        raise _WrongType(_message(value, tp, key))
+    return value  # a construct this checker does not know: taken as written
+
+
+def _message(value: Any, tp: Any, key: str) -> str:
+    shown = json.dumps(value)[:60] if _jsonable(value) else repr(value)[:60]
+    return f"key {key}: expected {_name(tp)}, found {type(value).__name__} {shown}"
+
+
+def _jsonable(value: Any) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True

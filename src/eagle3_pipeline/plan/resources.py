@@ -322,8 +322,11 @@ def _measured(cfg: Config, record: type[ExtractRecord | TrainRecord]) -> tuple[f
     found, _ = _earlier_run(cfg, record)
     if found is None:
         return None
-    model = found.target if isinstance(found, ExtractRecord) else found.model
-    if found.hardware != cfg.hardware.name or model != cfg.model.name or found.tokens_per_s <= 0:
+    if (
+        found.hardware != cfg.hardware.name
+        or found.target != cfg.model.name
+        or found.tokens_per_s <= 0
+    ):
         return None
     return float(found.tokens_per_s), f"measured: tokens_per_s in {details_path(cfg, found.STAGE)}"
 

@@ -22,6 +22,9 @@ class TrainRecord(Record):
     STAGE = "train"
     HEADLINE_IN_DVCLIVE = True
 
+    # 2: the target's name is ``target``, as in every other record (was ``model``)
+    version: int = 2
+
     val_loss: float  # on the held-out rows (sum over TTT steps), after training
     val_loss_untrained: float | None  # the same before the first step (None: not measured)
     val_loss_ratio: float | None  # val_loss / val_loss_untrained
@@ -46,7 +49,7 @@ class TrainRecord(Record):
     distributed_backend: str | None  # nccl or gloo, None in one process
     data_parallel: list[dict[str, Any]]  # per epoch: which rank trained on which rows
     hardware: str  # the hardware profile's name: the plan trusts only its own profile's rate
-    model: str  # the target's name (model.name): the plan trusts only its own model's rate
+    target: str  # the target's name (model.name): the plan trusts only its own target's rate
     draft_shape: dict[str, Any]  # the draft's layers, heads, sizes
     draft_vocab_size: int  # train.draft_vocab_size
     recipe: dict[str, Any]  # optimizer, learning rates, scheduler, norms, loss decay

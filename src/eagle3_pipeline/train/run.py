@@ -98,7 +98,7 @@ def run_metrics(
         "distributed_backend": dist_backend(plan.runtime.device) if d.world > 1 else None,
         "data_parallel": trainer.sharding,
         "hardware": cfg.hardware.name,
-        "model": cfg.model.name,
+        "target": cfg.model.name,
         "draft_shape": plan.shape.to_dict(),
         "draft_vocab_size": cfg.train.draft_vocab_size,
         "recipe": {
