@@ -90,7 +90,7 @@ SITES: dict[tuple[str, str, str], tuple[str, str]] = {
     ),
     ("eagle3_pipeline.stages.runner", "run_stage", "volatile_outputs"): (
         "transfer",
-        "core.keep resolves the stage's own ${...} outputs of dvc.yaml against "
+        "runtime.keep resolves the stage's own ${...} outputs of dvc.yaml against "
         "the config: keys DVC tracks through the templating itself",
     ),
 }

@@ -8,7 +8,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from eagle3_pipeline.core.config import Config, load_config
-from eagle3_pipeline.core.gpu import GpuInfo, GpuProcess
+from eagle3_pipeline.runtime.gpu import GpuInfo, GpuProcess
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 BLACKWELL = "NVIDIA RTX PRO 6000 Blackwell Server Edition"

@@ -14,7 +14,6 @@ import torch
 from safetensors.torch import load_file
 
 from eagle3_pipeline.core.config import load_config
-from eagle3_pipeline.core.faults import FAULT_EXIT_CODE
 from eagle3_pipeline.extract import vllm_backend as V
 from eagle3_pipeline.extract.batch_plan import plan_batches, rank_batches
 from eagle3_pipeline.extract.hf_backend import extract_hf
@@ -22,6 +21,7 @@ from eagle3_pipeline.extract.layout import TMP_GLOB
 from eagle3_pipeline.extract.record import ExtractRecord
 from eagle3_pipeline.extract.rows import load_rows
 from eagle3_pipeline.extract.writer import save_hidden_states
+from eagle3_pipeline.runtime.faults import FAULT_EXIT_CODE
 from eagle3_pipeline.serving.server import VllmServer
 from eagle3_pipeline.stages.runner import StageError
 from eagle3_pipeline.targets.adapter import load_target_spec

@@ -1,4 +1,4 @@
-"""NVML reader, CUDA visibility rules and memory snapshots (eagle3_pipeline.core.gpu)."""
+"""NVML reader, CUDA visibility rules and memory snapshots (eagle3_pipeline.runtime.gpu)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 from machines import BLACKWELL, rtx
 
-from eagle3_pipeline.core import gpu
-from eagle3_pipeline.core.gpu import (
+from eagle3_pipeline.runtime import gpu
+from eagle3_pipeline.runtime.gpu import (
     GpuError,
     GpuInfo,
     GpuProcess,

@@ -30,6 +30,7 @@ DOC = ROOT / "docs" / "architecture.md"
 # Lowest first: a subpackage may import only itself and the ones before it.
 LAYERS = (
     "core",
+    "runtime",
     "compat",
     "serving",
     "targets",

@@ -151,7 +151,7 @@ def test_the_guard_kills_the_group_when_the_stage_is_killed(tmp_path: Path) -> N
     (scratch / "in_flight.safetensors").write_bytes(b"x")
     script.write_text(
         "import time\n"
-        "from eagle3_pipeline.core.processes import start_group\n"
+        "from eagle3_pipeline.runtime.processes import start_group\n"
         f"p = start_group(['sleep', '600'], remove=[{str(scratch)!r}])\n"
         "print(p.pid, flush=True)\n"
         "time.sleep(600)\n"

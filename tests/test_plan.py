@@ -16,12 +16,12 @@ from record_samples import extract_record, prepare_record, train_record
 import eagle3_pipeline.plan.plan as plan
 import eagle3_pipeline.plan.weights as weights
 from eagle3_pipeline.core.config import Config, ConfigError
-from eagle3_pipeline.core.gpu import MemoryReader
 from eagle3_pipeline.core.metrics import details_path
 from eagle3_pipeline.core.records import Record
 from eagle3_pipeline.plan import resources, target_info
 from eagle3_pipeline.preflight.hardware import TorchView
 from eagle3_pipeline.preflight.run import run_preflight
+from eagle3_pipeline.runtime.gpu import MemoryReader
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"

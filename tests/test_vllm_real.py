@@ -250,7 +250,7 @@ def test_a_started_server_is_private_and_shown_to_serve_the_target(validate_work
     import urllib.error
     import urllib.request
 
-    from eagle3_pipeline.core.processes import group_members
+    from eagle3_pipeline.runtime.processes import group_members
     from eagle3_pipeline.serving.identity import ServerIdentityError, expected_model, verify_server
     from eagle3_pipeline.serving.server import engine_server
 

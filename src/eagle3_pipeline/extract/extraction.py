@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.core.config import Config
-from eagle3_pipeline.core.dvc_cache import release_damaged
 from eagle3_pipeline.core.errors import StageError
 from eagle3_pipeline.extract.fingerprint import check_prepared_tokenizer, tokenizer_sha256
 from eagle3_pipeline.extract.layout import MANIFEST, output_dir, prepared_rows_dir, target_json_path
@@ -33,6 +32,7 @@ from eagle3_pipeline.extract.manifest import (
 )
 from eagle3_pipeline.extract.record import ExtractRecord
 from eagle3_pipeline.extract.rows import Rows, load_rows
+from eagle3_pipeline.runtime.dvc_cache import release_damaged
 from eagle3_pipeline.targets.adapter import TargetSpec, load_target_spec
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from eagle3_pipeline.core.config import Config
-from eagle3_pipeline.core.faults import fault_after
 from eagle3_pipeline.extract.batch_plan import plan_batches, rank_batches
 from eagle3_pipeline.extract.extraction import (
     Extraction,
@@ -27,6 +26,7 @@ from eagle3_pipeline.extract.extraction import (
 from eagle3_pipeline.extract.manifest import write_manifest
 from eagle3_pipeline.extract.record import ExtractRecord
 from eagle3_pipeline.extract.writer import FAULT_NAME, BatchWriter, Timings
+from eagle3_pipeline.runtime.faults import fault_after
 from eagle3_pipeline.targets.capture import Capture, check_capture, forward_batch, pad_id
 from eagle3_pipeline.targets.loading import LanguageModel, load_language_model
 

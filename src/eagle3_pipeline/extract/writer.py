@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.core.errors import StageError
-from eagle3_pipeline.core.faults import FAULT_EXIT_CODE
 from eagle3_pipeline.extract.layout import hs_path, temp_path
+from eagle3_pipeline.runtime.faults import FAULT_EXIT_CODE
 
 log = logging.getLogger(__name__)
 

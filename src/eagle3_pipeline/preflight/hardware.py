@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from eagle3_pipeline.core.config import Config
-from eagle3_pipeline.core.gpu import GpuInfo, VisibleGpu
 from eagle3_pipeline.preflight.result import Check
+from eagle3_pipeline.runtime.gpu import GpuInfo, VisibleGpu
 
 
 @dataclass

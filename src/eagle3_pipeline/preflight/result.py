@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.core.config import Config
-from eagle3_pipeline.core.gpu import VisibleGpu
 from eagle3_pipeline.core.io import atomic_write_json
 from eagle3_pipeline.core.metrics import write_stage_metrics
 from eagle3_pipeline.preflight.record import PreflightRecord
+from eagle3_pipeline.runtime.gpu import VisibleGpu
 
 
 @dataclass

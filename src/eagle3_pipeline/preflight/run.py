@@ -16,16 +16,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from eagle3_pipeline.core.config import Config, ConfigError
-from eagle3_pipeline.core.gpu import (
-    GpuError,
-    NoGpuDriver,
-    NvmlReader,
-    VisibleGpu,
-    gpu_record,
-    open_reader,
-    read_all,
-    select_visible,
-)
 from eagle3_pipeline.plan.resources import FreeBytesFn, free_bytes
 from eagle3_pipeline.preflight.data import check_data_file
 from eagle3_pipeline.preflight.disk import check_disk
@@ -44,6 +34,16 @@ from eagle3_pipeline.preflight.software import (
     vllm_needed,
 )
 from eagle3_pipeline.preflight.target import check_target_files
+from eagle3_pipeline.runtime.gpu import (
+    GpuError,
+    NoGpuDriver,
+    NvmlReader,
+    VisibleGpu,
+    gpu_record,
+    open_reader,
+    read_all,
+    select_visible,
+)
 
 
 @dataclass

@@ -11,7 +11,7 @@ fails on the same GPUs far from the cause, so the lifecycle lives here once:
   the server itself, in order.)
 - Shutdown is SIGTERM to the group, a bounded wait, SIGKILL; then SIGKILL to the group
   once more even when the leader has exited, for workers that outlived it
-  (:mod:`eagle3_pipeline.core.processes`, shared with the train stage's torchrun).
+  (:mod:`eagle3_pipeline.runtime.processes`, shared with the train stage's torchrun).
 - It is private to the run: the process gets a random API key (``VLLM_API_KEY`` in its
   environment, which other users cannot read, unlike its command line in ``ps``), which
   every request of ours sends and which is never logged. On a shared node no other user
@@ -22,7 +22,7 @@ fails on the same GPUs far from the cause, so the lifecycle lives here once:
   port is never mistaken for ours.
 - It happens on normal exit, on an error, on Ctrl-C and on SIGTERM (DVC or a scheduler
   stopping the stage): while a server runs, both signals raise
-  :class:`~eagle3_pipeline.core.signals.Interrupted` in the main thread, so the ``with``
+  :class:`~eagle3_pipeline.runtime.signals.Interrupted` in the main thread, so the ``with``
   block unwinds instead of the process dying with the group still running.
 """
 
@@ -43,8 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.core.errors import StageError
-from eagle3_pipeline.core.processes import process_group, start_group, stop_group
-from eagle3_pipeline.core.signals import interrupts_raise
+from eagle3_pipeline.runtime.processes import process_group, start_group, stop_group
+from eagle3_pipeline.runtime.signals import interrupts_raise
 from eagle3_pipeline.serving.identity import (
     ExpectedModel,
     ServerIdentityError,

@@ -9,9 +9,9 @@ from collections.abc import Callable
 
 from eagle3_pipeline.core.config import Config, config_from_cli
 from eagle3_pipeline.core.errors import ConfigError, StageError
-from eagle3_pipeline.core.keep import Keeper, volatile_outputs
 from eagle3_pipeline.core.logs import log_repeat_summary, setup_logging
-from eagle3_pipeline.core.signals import Interrupted, interrupts_raise
+from eagle3_pipeline.runtime.keep import Keeper, volatile_outputs
+from eagle3_pipeline.runtime.signals import Interrupted, interrupts_raise
 
 log = logging.getLogger("eagle3_pipeline")
 
@@ -32,7 +32,7 @@ def run_stage(
     user errors.
 
     Whatever the failure, the stage's uncached outputs of its last success come back
-    (:mod:`eagle3_pipeline.core.keep`); its cached ones, which DVC removed before running
+    (:mod:`eagle3_pipeline.runtime.keep`); its cached ones, which DVC removed before running
     it, come back with ``dvc checkout <stage>``. A stage whose failure report *is* its
     output (preflight: the verdict of each check) passes ``restore_on_failure=False``.
     """

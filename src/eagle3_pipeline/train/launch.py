@@ -19,7 +19,7 @@ from typing import Any
 
 from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.core.errors import StageError
-from eagle3_pipeline.core.processes import group_members, process_group
+from eagle3_pipeline.runtime.processes import group_members, process_group
 from eagle3_pipeline.train.nodes import Node, failure, this_node
 from eagle3_pipeline.train.online import online_server
 from eagle3_pipeline.train.plan import plan_training
@@ -76,7 +76,7 @@ def launch_torchrun(
     ``{}`` on a node other than 0, whose workers hold no rank 0).
 
     The workers get the exact resolved config as a params file. torchrun runs in its own
-    process group (:mod:`eagle3_pipeline.core.processes`) so that, on error or Ctrl-C, the
+    process group (:mod:`eagle3_pipeline.runtime.processes`) so that, on error or Ctrl-C, the
     whole group is stopped: no worker survives the stage. ``launcher.survivors`` counts the
     group's processes still alive once torchrun returned (killed then; 0 is the expected
     reading).
@@ -133,7 +133,7 @@ def launch_torchrun(
 def gpu_reading(before: dict[str, Any] | None) -> dict[str, Any]:
     """NVML after the workers exited, compared with preflight's reading ``before`` when
     there is one."""
-    from eagle3_pipeline.core import gpu
+    from eagle3_pipeline.runtime import gpu
 
     after = gpu.snapshot()
     if after.get("mode") != "cuda":

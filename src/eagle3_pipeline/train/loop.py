@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from eagle3_pipeline.core.config import Config
-from eagle3_pipeline.core.faults import PREFIX, fault_after
 from eagle3_pipeline.draft.shape import build_draft, build_vocab_mapping, load_token_freq
+from eagle3_pipeline.runtime.faults import PREFIX, fault_after
 from eagle3_pipeline.train import warm_start
 from eagle3_pipeline.train.batches import epoch_batches, load_split, make_loader
 from eagle3_pipeline.train.distributed import (

@@ -16,7 +16,7 @@ from eagle3_pipeline.core.config import load_config
 from eagle3_pipeline.core.errors import ConfigError, StageError
 from eagle3_pipeline.core.io import atomic_write_json
 from eagle3_pipeline.core.logs import setup_logging
-from eagle3_pipeline.core.processes import die_with_parent
+from eagle3_pipeline.runtime.processes import die_with_parent
 from eagle3_pipeline.train.run import train
 
 

@@ -1,10 +1,10 @@
-"""``python -m eagle3_pipeline.core.guard PARENT_PID [--remove PATH]... -- CMD...``: run CMD,
+"""``python -m eagle3_pipeline.runtime.guard PARENT_PID [--remove PATH]... -- CMD...``: run CMD,
 and kill its whole process group if the stage that started it dies.
 
 A stage stops its children itself on errors, Ctrl-C and SIGTERM; a stage killed with
 SIGKILL (the OOM killer, ``kill -9``, a scheduler's hard stop) runs no code, and its
 ``vllm serve`` or torchrun would keep the GPUs and the port. So every child group is led
-by this small process (:func:`eagle3_pipeline.core.processes.start_group`): it starts CMD
+by this small process (:func:`eagle3_pipeline.runtime.processes.start_group`): it starts CMD
 in its own group, ignores the group's SIGTERM/SIGINT (CMD gets them and shuts down in
 order; the guard exits when CMD has, with its exit status), and once its parent is gone it
 sends SIGTERM to the group, waits, then SIGKILL. Each ``--remove`` path (a directory
@@ -51,7 +51,7 @@ def _kill_group(child: subprocess.Popen[bytes], remove: list[str]) -> None:
 def main(argv: list[str]) -> int:
     if "--" not in argv or argv.index("--") < 1 or argv.index("--") == len(argv) - 1:
         print(
-            "usage: python -m eagle3_pipeline.core.guard PARENT_PID [--remove PATH]... -- CMD...",
+            "usage: python -m eagle3_pipeline.runtime.guard PARENT_PID [--remove PATH]... -- CMD...",
             file=sys.stderr,
         )
         return 2

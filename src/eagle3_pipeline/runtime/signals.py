@@ -2,7 +2,7 @@
 
 Ctrl-C at the terminal (SIGINT) and DVC, a scheduler or ``kill`` (SIGTERM) must end a stage
 the same way: every ``with`` block exits, so torchrun and ``vllm serve`` process groups
-are stopped (:mod:`eagle3_pipeline.core.processes`) and nothing half-written stays
+are stopped (:mod:`eagle3_pipeline.runtime.processes`) and nothing half-written stays
 (:mod:`eagle3_pipeline.core.io` writes atomically); the stage then prints one line and a
 rerun resumes exactly as after ``kill -9``. Python's default turns SIGINT into
 ``KeyboardInterrupt`` (a traceback) and lets SIGTERM kill the process outright (children

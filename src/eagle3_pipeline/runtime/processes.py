@@ -23,7 +23,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any, TextIO
 
-from eagle3_pipeline.core.signals import Interrupted
+from eagle3_pipeline.runtime.signals import Interrupted
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ TAIL_BYTES = 65536  # of a child's stderr kept for explaining its failure
 KILL_WAIT_S = 30.0  # after SIGKILL; only a process stuck in the kernel (a wedged driver) waits
 
 
-GUARD = "eagle3_pipeline.core.guard"
+GUARD = "eagle3_pipeline.runtime.guard"
 
 
 def start_group(
@@ -39,7 +39,7 @@ def start_group(
 ) -> subprocess.Popen[bytes]:
     """``cmd`` in a new session and process group (``Popen`` keywords pass through), so
     that :func:`stop_group` reaches every process it starts. The group's leader is
-    :mod:`eagle3_pipeline.core.guard`, which kills the group if this process dies without
+    :mod:`eagle3_pipeline.runtime.guard`, which kills the group if this process dies without
     stopping it (SIGKILL runs no cleanup here) and deletes the ``remove`` paths once
     ``cmd`` has exited."""
     opts = [a for p in remove for a in ("--remove", str(p))]
