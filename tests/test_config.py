@@ -101,6 +101,10 @@ def test_real_target_profiles_name_hub_id_and_remote_code():
         (["validate.concurrency=[4,4]"], "validate.concurrency=[4, 4]: a level is named twice"),
         (["train.attn_implementation=simple_flex_attention"], "has no CPU backward"),
         (["extract.rank=1"], "extract.rank=1 must be < extract.world_size=1"),
+        (
+            ["extract.mode=online", "extract.world_size=2"],
+            "online mode has no extraction to split",
+        ),
         (["train.draft.norm_before_fc=true", "train.draft.fc_norm=true"], "exclusive"),
         (["train.draft.layer_type=mla", "train.draft.norm_before_fc=true"], "no norm before fc"),
         (["train.init_from=data/draft"], "train's own output (paths.draft)"),

@@ -634,6 +634,11 @@ def _check_runtime(cfg: Config) -> None:
         raise ConfigError(
             f"train.nproc={t.nproc} exceeds hardware.gpu_count={hw.gpu_count} (one worker per GPU)"
         )
+    if cfg.extract.mode == "online" and cfg.extract.world_size != 1:
+        raise ConfigError(
+            f"extract.world_size={cfg.extract.world_size}: online mode has no extraction to "
+            "split (the train stage's server serves every rank); set extract.world_size=1"
+        )
     if cfg.extract.rank >= cfg.extract.world_size:
         raise ConfigError(
             f"extract.rank={cfg.extract.rank} must be < extract.world_size={cfg.extract.world_size}"

@@ -53,11 +53,6 @@ def online_section(cfg: Config, engine: dict[str, Any]) -> dict[str, Any]:
 def record_online(cfg: Config) -> ExtractRecord:
     """The checks of an offline extraction, then the manifest for online training."""
     t0 = time.perf_counter()
-    if cfg.extract.world_size != 1:
-        raise ConfigError(
-            f"extract.world_size={cfg.extract.world_size}: online mode has no extraction to "
-            "split (the train stage's server serves every rank); set extract.world_size=1"
-        )
     spec, model_dir, tok_sha = checked_target(cfg)
     rows = load_rows(prepared_rows_dir(cfg), spec.vocab_size)
     # the train stage picks the connector's directory when it starts the server
