@@ -128,7 +128,7 @@ def check_preflight(ctx: Context) -> list[str]:
     expect(rec.passed, f"passed is false: {rec.checks}")
     expect(rec.hardware == e.hardware, f"hardware {rec.hardware!r}, expected {e.hardware!r}")
     expect(rec.mode == e.device, f"mode {rec.mode!r}, expected {e.device!r}")
-    expect(rec.snapshot.get("mode") == e.device, f"snapshot mode {rec.snapshot.get('mode')!r}")
+    expect(rec.snapshot.mode == e.device, f"snapshot mode {rec.snapshot.mode!r}")
     expect(rec.vllm is None, "the vLLM environment was probed: this path needs no vLLM")
     expect(bool(rec.packages.get("speculators")), "speculators' version not found by metadata")
     if e.cuda:
@@ -145,7 +145,7 @@ def check_preflight(ctx: Context) -> list[str]:
             bool(torch_view.get("cuda")) and torch_view.get("device_count", 0) >= e.gpu_count,
             f"torch's view of CUDA: {torch_view}",
         )
-        used = [g["memory_used_mib"] for g in rec.snapshot["gpus"]]
+        used = [g.memory_used_mib for g in rec.snapshot.gpus]
         return [
             f"NVML: {name}, driver {rec.driver_version}, {used} MiB used",
             f"torch {torch_view.get('version')} (CUDA {torch_view.get('cuda')}) sees "
@@ -228,23 +228,23 @@ def check_train(ctx: Context) -> list[str]:
     if e.cuda:
         expect(rec.launcher is not None, "no torchrun launch recorded")
         gpu = rec.gpu
-        after = gpu.get("after_workers_exit") or {}
-        expect(after.get("mode") == "cuda", f"NVML after the workers exited: {gpu}")
-        expect(gpu.get("compared_with_preflight") is True, "not compared with preflight's reading")
+        after = gpu.after_workers_exit
+        expect(after is not None and after.mode == "cuda", f"NVML after the workers exited: {gpu}")
+        expect(gpu.compared_with_preflight is True, "not compared with preflight's reading")
         expect(
-            rec.gpu_released is True and gpu.get("clean") is True,
-            f"GPU memory not released: {gpu.get('problems')}",
+            rec.gpu_released is True and gpu.clean is True,
+            f"GPU memory not released: {gpu.problems}",
         )
         expect(rec.peak_memory_mib > 0, f"peak CUDA memory {rec.peak_memory_mib} MiB")
-        used = [g["memory_used_mib"] for g in after["gpus"]]
+        used = [g.memory_used_mib for g in after.gpus] if after else []
         facts.append(
             f"GPU memory released: {used} MiB used after the workers exited "
             f"(peak {rec.peak_memory_mib:.0f} MiB)"
         )
         return facts
-    expect(rec.gpu.get("mode") == "not applicable", f"GPU reading on CPU: {rec.gpu}")
+    expect(rec.gpu.mode == "not applicable", f"GPU reading on CPU: {rec.gpu}")
     expect(rec.gpu_released is None, f"gpu_released {rec.gpu_released} on CPU")
-    facts.append(f"no GPU reading ({rec.gpu.get('reason')})")
+    facts.append(f"no GPU reading ({rec.gpu.reason})")
     return facts
 
 

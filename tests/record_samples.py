@@ -9,11 +9,12 @@ from typing import Any
 from eagle3_pipeline.data.record import PrepareRecord
 from eagle3_pipeline.extract.record import ExtractManifest, ExtractRecord
 from eagle3_pipeline.preflight.record import PreflightRecord
+from eagle3_pipeline.runtime.gpu import GpuRelease, GpuSnapshot
 from eagle3_pipeline.targets.record import TargetRecord
 from eagle3_pipeline.train.record import TrainRecord
 from eagle3_pipeline.validate.record import ValidateRecord
 
-CPU_GPU = {"mode": "not applicable", "reason": "trained on CPU"}
+CPU_GPU = GpuRelease(mode="not applicable", reason="trained on CPU")
 
 
 def preflight_record(**overrides: Any) -> PreflightRecord:
@@ -35,7 +36,7 @@ def preflight_record(**overrides: Any) -> PreflightRecord:
         disk=None,
         vllm=None,
         checks={"driver": {"passed": True, "reading": "CPU mode", "problems": []}},
-        snapshot={"mode": "cpu", "gpus": []},
+        snapshot=GpuSnapshot(mode="cpu", gpus=[]),
     )
     return PreflightRecord(**{**fields, **overrides})
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -13,6 +14,7 @@ from eagle3_pipeline.runtime.gpu import (
     GpuError,
     GpuInfo,
     GpuProcess,
+    GpuSnapshot,
     MemoryReader,
     NoGpuDriver,
     compare_snapshots,
@@ -99,7 +101,7 @@ def test_device_order_fastest_first_vs_pci_bus_id():
 def test_snapshot_and_compare_clean_vs_leftover():
     reader = MemoryReader(machine(2))
     before = snapshot(reader, env={})
-    assert before["mode"] == "cuda" and [g["memory_used_mib"] for g in before["gpus"]] == [0, 0]
+    assert before.mode == "cuda" and [g.memory_used_mib for g in before.gpus] == [0, 0]
     assert compare_snapshots(before, snapshot(reader, env={})) == []
 
     leftover = GpuProcess(pid=4242, name="python", used_mib=30_000)
@@ -119,11 +121,28 @@ def test_compare_flags_memory_growth_without_a_visible_process():
 
 def test_snapshot_honours_cuda_visible_devices():
     snap = snapshot(MemoryReader(machine()), env={"CUDA_VISIBLE_DEVICES": "7"})
-    assert [g["uuid"] for g in snap["gpus"]] == [machine()[7].uuid]
+    assert [g.uuid for g in snap.gpus] == [machine()[7].uuid]
 
 
 def test_compare_is_silent_in_cpu_mode():
-    assert compare_snapshots({"mode": "cpu", "gpus": []}, {"mode": "cpu", "gpus": []}) == []
+    cpu = GpuSnapshot(mode="cpu", gpus=[], reason="no driver")
+    assert compare_snapshots(cpu, cpu) == []
+
+
+def test_snapshots_round_trip_through_the_records_json(tmp_path):
+    """The preflight record stores the snapshot as JSON; train reads it back as the same
+    typed snapshot (processes included) and compares with it."""
+    from record_samples import preflight_record
+
+    from eagle3_pipeline.preflight.record import PreflightRecord
+
+    leftover = GpuProcess(pid=4242, name=None, used_mib=None)
+    snap = snapshot(MemoryReader([rtx(0, used=700, procs=(leftover,))]), env={})
+    path = tmp_path / "preflight.json"
+    preflight_record(mode="cuda", snapshot=snap).write(path)
+    read = PreflightRecord.read(path).snapshot
+    assert read == snap and isinstance(read.gpus[0].processes[0], GpuProcess)
+    assert "reason" not in json.loads(path.read_text())["snapshot"]  # optional, unset
 
 
 # --------------------------------------------------------------------------- real pynvml
@@ -154,7 +173,7 @@ def test_real_library_without_driver_is_cpu_mode():
     with pytest.raises(NoGpuDriver, match="driver"):
         gpu.open_reader()
     snap = snapshot()
-    assert snap["mode"] == "cpu" and snap["gpus"] == []
+    assert snap.mode == "cpu" and snap.gpus == [] and snap.reason
 
 
 class _FakeNvml:

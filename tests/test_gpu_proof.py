@@ -33,6 +33,7 @@ from record_samples import (
 from stage_graph import STAGES, _module_file, executed_modules
 
 from eagle3_pipeline.core.config import load_config
+from eagle3_pipeline.runtime.gpu import GpuMemory, GpuRelease, GpuSnapshot
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "scripts"
@@ -133,10 +134,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
 
 # --------------------------------------------------------------------------- CUDA records
 
-SNAP = {
-    "mode": "cuda",
-    "gpus": [{"cuda_index": 0, "uuid": "GPU-0", "memory_used_mib": 1, "processes": []}],
-}
+SNAP = GpuSnapshot(mode="cuda", gpus=[GpuMemory(0, "GPU-0", 1, [])])
 
 
 def _gpu_run(cfg: Any) -> dict[str, Any]:
@@ -173,12 +171,13 @@ def _gpu_run(cfg: Any) -> dict[str, Any]:
             device="cuda",
             dtype="bfloat16",
             launcher={"nproc": 1, "survivors": 0},
-            gpu={
-                "after_workers_exit": SNAP,
-                "compared_with_preflight": True,
-                "clean": True,
-                "problems": [],
-            },
+            gpu=GpuRelease(
+                mode="cuda",
+                after_workers_exit=SNAP,
+                compared_with_preflight=True,
+                clean=True,
+                problems=[],
+            ),
             gpu_released=True,
         ),
         "validate": validate_record(
@@ -233,12 +232,13 @@ def test_an_h200_runs_records_pass_every_cuda_assertion(gpu_ctx: Any) -> None:
             "train",
             {
                 "gpu_released": False,
-                "gpu": {
-                    "after_workers_exit": SNAP,
-                    "compared_with_preflight": True,
-                    "clean": False,
-                    "problems": ["GPU 0: 900 MiB in use, 1 MiB at preflight"],
-                },
+                "gpu": GpuRelease(
+                    mode="cuda",
+                    after_workers_exit=SNAP,
+                    compared_with_preflight=True,
+                    clean=False,
+                    problems=["GPU 0: 900 MiB in use, 1 MiB at preflight"],
+                ),
             },
             "GPU memory not released: ['GPU 0: 900 MiB",
         ),

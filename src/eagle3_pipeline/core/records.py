@@ -86,14 +86,9 @@ class Record:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """The file's content: every field, ``version`` first, unset optional ones left out."""
-        out: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if value is None and f.metadata.get("optional"):
-                continue
-            out[f.name] = value
-        return out
+        """The file's content: every field, ``version`` first, unset optional ones left out
+        (in nested dataclasses too), nested dataclasses and Enums as their JSON form."""
+        return _plain(self)
 
     def headline(self) -> dict[str, Any]:
         """The headline fields that the run produced (unset optional ones left out)."""
@@ -158,6 +153,26 @@ class Record:
 
 
 # --------------------------------------------------------------------------- types
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON-ready data: a dataclass as a dict of its fields (an ``optional``
+    field left out while None), an Enum as its value, tuples as lists."""
+    if is_dataclass(value) and not isinstance(value, type):
+        out: dict[str, Any] = {}
+        for f in fields(value):
+            v = getattr(value, f.name)
+            if v is None and f.metadata.get("optional"):
+                continue
+            out[f.name] = _plain(v)
+        return out
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
 
 
 class _WrongType(ValueError):

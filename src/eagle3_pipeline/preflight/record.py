@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from eagle3_pipeline.core.records import Record, headline
+from eagle3_pipeline.runtime.gpu import GpuSnapshot
 
 
 @dataclass(kw_only=True)
@@ -33,4 +34,4 @@ class PreflightRecord(Record):
     disk: dict[str, Any] | None  # the disk need vs free space, None when not estimated
     vllm: dict[str, Any] | None  # the vLLM environment probe, None when vLLM is not needed
     checks: dict[str, dict[str, Any]]  # per check: passed, reading, problems
-    snapshot: dict[str, Any]  # GPU memory and processes, compared after training
+    snapshot: GpuSnapshot  # GPU memory and processes, compared after training

@@ -36,6 +36,8 @@ from eagle3_pipeline.preflight.software import (
 from eagle3_pipeline.preflight.target import check_target_files
 from eagle3_pipeline.runtime.gpu import (
     GpuError,
+    GpuMemory,
+    GpuSnapshot,
     NoGpuDriver,
     NvmlReader,
     VisibleGpu,
@@ -83,20 +85,15 @@ def _read_machine(
     return m
 
 
-def _snapshot(mode: str, records: list[dict[str, Any]]) -> dict[str, Any]:
+def _snapshot(mode: str, visible: list[VisibleGpu]) -> GpuSnapshot:
     """The reading the train stage compares its post-training reading with."""
-    return {
-        "mode": mode,
-        "gpus": [
-            {
-                "cuda_index": r["cuda_index"],
-                "uuid": r["uuid"],
-                "memory_used_mib": r["memory_used_mib"],
-                "processes": r["processes"],
-            }
-            for r in records
+    return GpuSnapshot(
+        mode=mode,
+        gpus=[
+            GpuMemory(v.cuda_index, v.info.uuid, v.info.memory_used_mib, list(v.info.processes))
+            for v in visible
         ],
-    }
+    )
 
 
 def run_preflight(
@@ -161,7 +158,7 @@ def run_preflight(
             c.name: {"passed": c.passed, "reading": c.reading, "problems": c.problems}
             for c in checks
         },
-        snapshot=_snapshot(mode, records),
+        snapshot=_snapshot(mode, visible),
     )
     return PreflightResult(
         checks,

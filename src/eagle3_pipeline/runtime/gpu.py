@@ -372,9 +372,40 @@ def gpu_record(v: VisibleGpu) -> dict[str, Any]:
     return rec
 
 
-def snapshot(
-    reader: NvmlReader | None = None, env: Mapping[str, str] | None = None
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class GpuMemory:
+    """One GPU's memory in use and the processes holding it, at one moment."""
+
+    cuda_index: int  # torch's ``cuda:N``
+    uuid: str  # NVML's, stable across CUDA_VISIBLE_DEVICES orderings
+    memory_used_mib: int
+    processes: list[GpuProcess]
+
+
+@dataclass(frozen=True)
+class GpuSnapshot:
+    """GPU memory in use and by which processes, for the GPUs a run uses: preflight's
+    record keeps one, and train compares it with another taken after its workers exit."""
+
+    mode: str  # cuda, or cpu when there is no driver
+    gpus: list[GpuMemory]
+    reason: str | None = field(default=None, metadata={"optional": True})  # cpu: why
+
+
+@dataclass(frozen=True)
+class GpuRelease:
+    """Whether training gave its GPUs back: NVML after the workers exited, compared with
+    preflight's snapshot. ``mode`` is ``not applicable`` on CPU, with the reason."""
+
+    mode: str  # cuda or not applicable
+    reason: str | None = field(default=None, metadata={"optional": True})
+    after_workers_exit: GpuSnapshot | None = field(default=None, metadata={"optional": True})
+    compared_with_preflight: bool | None = field(default=None, metadata={"optional": True})
+    clean: bool | None = field(default=None, metadata={"optional": True})  # None: unchecked
+    problems: list[str] = field(default_factory=list)
+
+
+def snapshot(reader: NvmlReader | None = None, env: Mapping[str, str] | None = None) -> GpuSnapshot:
     """GPU memory in use now, and by which processes, for the GPUs this run uses.
 
     Preflight stores one in its metrics; the train stage takes another right after its
@@ -386,54 +417,45 @@ def snapshot(
         try:
             reader = own = open_reader()
         except NoGpuDriver as exc:
-            return {"mode": "cpu", "reason": str(exc), "gpus": []}
+            return GpuSnapshot(mode="cpu", gpus=[], reason=str(exc))
     try:
         gpus = visible_gpus(reader, env)
-        return {
-            "mode": "cuda",
-            "gpus": [
-                {
-                    "cuda_index": v.cuda_index,
-                    "uuid": v.info.uuid,
-                    "memory_used_mib": v.info.memory_used_mib,
-                    "processes": [dataclasses.asdict(p) for p in v.info.processes],
-                }
+        return GpuSnapshot(
+            mode="cuda",
+            gpus=[
+                GpuMemory(v.cuda_index, v.info.uuid, v.info.memory_used_mib, list(v.info.processes))
                 for v in gpus
             ],
-        }
+        )
     finally:
         if own is not None:
             own.close()
 
 
-def _who(procs: list[dict[str, Any]]) -> str:
+def _who(procs: list[GpuProcess]) -> str:
     return ", ".join(
-        f"pid {p['pid']} ({p.get('name') or 'name unknown'})"
-        + (f" {p['used_mib']:,} MiB" if p.get("used_mib") is not None else "")
-        for p in procs
+        p.label() + (f" {p.used_mib:,} MiB" if p.used_mib is not None else "") for p in procs
     )
 
 
 def compare_snapshots(
-    before: Mapping[str, Any], after: Mapping[str, Any], tolerance_mib: int = 256
+    before: GpuSnapshot, after: GpuSnapshot, tolerance_mib: int = 256
 ) -> list[str]:
     """One line per GPU whose memory did not go back to ``before`` (within tolerance) or
     that has a process now which it did not have before. Empty: the GPUs are clean."""
     problems: list[str] = []
-    if after.get("mode") != "cuda" or before.get("mode") != "cuda":
+    if after.mode != "cuda" or before.mode != "cuda":
         return problems
-    old = {g["uuid"]: g for g in before.get("gpus", [])}
-    for g in after.get("gpus", []):
-        prev = old.get(g["uuid"])
-        base = prev["memory_used_mib"] if prev else 0
-        known = {p["pid"] for p in prev["processes"]} if prev else set()
-        new = [p for p in g["processes"] if p["pid"] not in known]
-        grown = g["memory_used_mib"] - base
+    old = {g.uuid: g for g in before.gpus}
+    for g in after.gpus:
+        prev = old.get(g.uuid)
+        base = prev.memory_used_mib if prev else 0
+        known = {p.pid for p in prev.processes} if prev else set()
+        new = [p for p in g.processes if p.pid not in known]
+        grown = g.memory_used_mib - base
         if grown <= tolerance_mib and not new:
             continue
         who = _who(new)
-        line = (
-            f"GPU {g['cuda_index']}: {g['memory_used_mib']:,} MiB in use, {base:,} MiB at preflight"
-        )
+        line = f"GPU {g.cuda_index}: {g.memory_used_mib:,} MiB in use, {base:,} MiB at preflight"
         problems.append(line + (f"; still running: {who}" if who else ""))
     return problems

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
 
 from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.core.io import remove_path
 from eagle3_pipeline.core.metrics import details_path, read_details, write_stage_metrics
 from eagle3_pipeline.core.records import RecordError
 from eagle3_pipeline.preflight.record import PreflightRecord
+from eagle3_pipeline.runtime.gpu import GpuSnapshot
 from eagle3_pipeline.stages.runner import run_stage
 from eagle3_pipeline.train.nodes import NODE_RANK_ENV, this_node
 
@@ -55,7 +55,7 @@ def run(cfg: Config) -> None:
     )
 
 
-def preflight_snapshot(cfg: Config) -> dict[str, Any] | None:
+def preflight_snapshot(cfg: Config) -> GpuSnapshot | None:
     """The preflight stage's GPU reading (its record's ``snapshot``), which the reading
     after training is compared with; None without one. A record this pipeline cannot read
     is a warning: the comparison is a check of the run, not a reason to refuse it."""

@@ -19,6 +19,7 @@ from typing import Any
 
 from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.core.errors import StageError
+from eagle3_pipeline.runtime.gpu import GpuRelease, GpuSnapshot
 from eagle3_pipeline.runtime.processes import group_members, process_group
 from eagle3_pipeline.train.nodes import Node, failure, this_node
 from eagle3_pipeline.train.online import online_server
@@ -31,7 +32,7 @@ WORKER_MODULE = "eagle3_pipeline.train.worker"
 STOP_TIMEOUT_S = 30.0  # torchrun's grace after SIGTERM to stop its workers
 
 
-def run_training(cfg: Config, preflight_snapshot: dict[str, Any] | None = None) -> dict[str, Any]:
+def run_training(cfg: Config, preflight_snapshot: GpuSnapshot | None = None) -> dict[str, Any]:
     """Train (or resume) the draft; the details' content (``paths.details``/train.json,
     not written here). ``preflight_snapshot``: the preflight stage's GPU reading, compared
     with NVML's once the workers exited."""
@@ -48,15 +49,15 @@ def run_training(cfg: Config, preflight_snapshot: dict[str, Any] | None = None) 
             metrics = train(cfg)
     metrics["hidden_states"] = "online" if plan.online is not None else "offline"
     if plan.runtime.device == "cuda":
-        metrics["gpu"] = gpu_reading(preflight_snapshot)
+        reading = gpu_reading(preflight_snapshot)
     else:
-        metrics["gpu"] = {"mode": "not applicable", "reason": "trained on CPU"}
-    reading = metrics["gpu"]
-    metrics["gpu_released"] = None if "clean" not in reading else bool(reading["clean"])
-    if reading.get("clean") is False:
+        reading = GpuRelease(mode="not applicable", reason="trained on CPU")
+    metrics["gpu"] = reading
+    metrics["gpu_released"] = reading.clean
+    if reading.clean is False:
         # this stage's own check: validate never reads this volatile reading
-        log.warning("GPU memory NOT released after training: %s", "; ".join(reading["problems"]))
-    elif reading.get("clean"):
+        log.warning("GPU memory NOT released after training: %s", "; ".join(reading.problems))
+    elif reading.clean:
         log.info("GPU memory released after training, no pipeline process left")
     return metrics
 
@@ -130,18 +131,19 @@ def launch_torchrun(
         return metrics
 
 
-def gpu_reading(before: dict[str, Any] | None) -> dict[str, Any]:
+def gpu_reading(before: GpuSnapshot | None) -> GpuRelease:
     """NVML after the workers exited, compared with preflight's reading ``before`` when
     there is one."""
     from eagle3_pipeline.runtime import gpu
 
     after = gpu.snapshot()
-    if after.get("mode") != "cuda":
-        return {"mode": "not applicable", "reason": after.get("reason", "no GPU")}
+    if after.mode != "cuda":
+        return GpuRelease(mode="not applicable", reason=after.reason or "no GPU")
     problems = gpu.compare_snapshots(before, after) if before else []
-    return {
-        "after_workers_exit": after,
-        "compared_with_preflight": before is not None,
-        "clean": not problems,
-        "problems": problems,
-    }
+    return GpuRelease(
+        mode="cuda",
+        after_workers_exit=after,
+        compared_with_preflight=before is not None,
+        clean=not problems,
+        problems=problems,
+    )

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from eagle3_pipeline.core.records import Record, headline, optional
+from eagle3_pipeline.runtime.gpu import GpuRelease
 
 
 @dataclass(kw_only=True)
@@ -64,5 +65,5 @@ class TrainRecord(Record):
     # added by the stage
     launcher: dict[str, Any] | None = optional()  # torchrun: command, nproc, survivors
     hidden_states: str  # offline (files) or online (a vLLM server during training)
-    gpu: dict[str, Any]  # NVML after the workers exited, vs preflight's snapshot
+    gpu: GpuRelease  # NVML after the workers exited, vs preflight's snapshot
     gpu_released: bool | None  # GPU memory back to preflight's reading (None: not checked)
