@@ -7,7 +7,14 @@ from __future__ import annotations
 from typing import Any
 
 from eagle3_pipeline.data.record import PrepareRecord
-from eagle3_pipeline.extract.record import ExtractManifest, ExtractRecord
+from eagle3_pipeline.extract.record import (
+    ExtractManifest,
+    ExtractPlan,
+    ExtractRecord,
+    ManifestLayers,
+    ManifestSamples,
+    ManifestTarget,
+)
 from eagle3_pipeline.preflight.record import PreflightRecord
 from eagle3_pipeline.runtime.gpu import GpuRelease, GpuSnapshot
 from eagle3_pipeline.targets.record import TargetRecord
@@ -106,21 +113,22 @@ def manifest(**overrides: Any) -> ExtractManifest:
     fields: dict[str, Any] = dict(
         format="speculators-hidden-states/1",
         backend="hf",
-        target={
-            "name": "tiny-kimi",
-            "hub_id": None,
-            "revision": None,
-            "num_layers": 4,
-            "hidden_size": 64,
-            "vocab_size": 1024,
-            "weights": "sha256:0",
-        },
+        target=ManifestTarget(
+            name="tiny-kimi",
+            hub_id=None,
+            revision=None,
+            architecture="DeepseekV3ForCausalLM",
+            num_layers=4,
+            hidden_size=64,
+            vocab_size=1024,
+            weights="sha256:0",
+        ),
         tokenizer_sha256="0" * 64,
-        layers={"aux_layer_ids": [1, 2, 3], "final": "before_final_norm"},
+        layers=ManifestLayers(aux_layer_ids=[1, 2, 3], final="before_final_norm", layout="x"),
         hidden_size=64,
         dtype="bfloat16",
-        samples={"count": 8, "tokens": 800, "input_ids_sha256": "0" * 64},
-        plan={"batch_tokens": 96},
+        samples=ManifestSamples(count=8, tokens=800, input_ids_sha256="0" * 64),
+        plan=ExtractPlan(batch_tokens=96),
         mode="offline",
     )
     return ExtractManifest(**{**fields, **overrides})

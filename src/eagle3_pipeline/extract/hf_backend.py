@@ -24,7 +24,7 @@ from eagle3_pipeline.extract.extraction import (
     extract_record,
 )
 from eagle3_pipeline.extract.manifest import write_manifest
-from eagle3_pipeline.extract.record import ExtractRecord
+from eagle3_pipeline.extract.record import ExtractPlan, ExtractRecord
 from eagle3_pipeline.extract.writer import FAULT_NAME, BatchWriter, Timings
 from eagle3_pipeline.runtime.faults import fault_after
 from eagle3_pipeline.targets.capture import Capture, check_capture, forward_batch, pad_id
@@ -83,7 +83,7 @@ def extract_hf(cfg: Config, progress: bool = True) -> ExtractRecord:
             ex.out,
             ex.key,
             ex.rows,
-            {"batch_tokens": e.batch_tokens, "plan_rows": e.plan_rows, "batches": len(work.plan)},
+            ExtractPlan(batch_tokens=e.batch_tokens, plan_rows=e.plan_rows, batches=len(work.plan)),
         )
         wrote_manifest = True
         if lm is not None:

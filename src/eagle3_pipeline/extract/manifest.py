@@ -19,7 +19,7 @@ import contextlib
 import hashlib
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,13 @@ from eagle3_pipeline.core.records import RecordError
 from eagle3_pipeline.core.safetensors import read_header
 from eagle3_pipeline.extract.fingerprint import weights_fingerprint
 from eagle3_pipeline.extract.layout import FILE_RE, FORMAT, MANIFEST, TMP_GLOB
-from eagle3_pipeline.extract.record import ExtractManifest
+from eagle3_pipeline.extract.record import (
+    ExtractManifest,
+    ExtractPlan,
+    ManifestLayers,
+    ManifestSamples,
+    ManifestTarget,
+)
 from eagle3_pipeline.extract.rows import CHUNK_ROWS, Rows, _row_bytes
 from eagle3_pipeline.targets.adapter import TargetSpec
 
@@ -53,28 +59,30 @@ def manifest_key(
     return {
         "format": FORMAT,
         "backend": backend,
-        "target": {
-            "name": spec.name,
-            "hub_id": spec.hub_id,
-            "revision": spec.revision,
-            "architecture": spec.architecture,
-            "num_layers": spec.num_layers,
-            "hidden_size": spec.hidden_size,
-            "vocab_size": spec.vocab_size,
-            "weights": None if pinned else weights_fingerprint(model_dir),
-        },
+        "target": ManifestTarget(
+            name=spec.name,
+            hub_id=spec.hub_id,
+            revision=spec.revision,
+            architecture=spec.architecture,
+            num_layers=spec.num_layers,
+            hidden_size=spec.hidden_size,
+            vocab_size=spec.vocab_size,
+            weights=None if pinned else weights_fingerprint(model_dir),
+        ),
         "tokenizer_sha256": tok_sha,
-        "layers": {
-            "aux_layer_ids": list(spec.aux_layer_ids),
-            "final": "before_final_norm",
-            "layout": "hidden_states[:, :n_aux] = aux layers in order; [:, -1] = final",
-        },
+        "layers": ManifestLayers(
+            aux_layer_ids=list(spec.aux_layer_ids),
+            final="before_final_norm",
+            layout="hidden_states[:, :n_aux] = aux layers in order; [:, -1] = final",
+        ),
         "hidden_size": spec.hidden_size,
         "dtype": dtype,
     }
 
 
 def _diff(a: Any, b: Any, prefix: str = "") -> list[str]:
+    if is_dataclass(a) and is_dataclass(b) and not isinstance(a, type):
+        a, b = asdict(a), asdict(b)  # type: ignore[arg-type]
     if isinstance(a, dict) and isinstance(b, dict):
         out: list[str] = []
         for k in sorted(set(a) | set(b)):
@@ -132,16 +140,11 @@ class _Verdict:
 
 
 def _malformed(old: ExtractManifest) -> list[str]:
-    """What in a manifest of the right schema still cannot be read as a proof: row hashes
-    that are not a list of strings, a row count that is not an integer."""
+    """What in a manifest of the right schema and types (the record's reader checked
+    both) still cannot be read as a proof: a negative row count."""
     problems: list[str] = []
-    hashes = old.row_sha256
-    if hashes is not None and not (
-        isinstance(hashes, list) and all(isinstance(h, str) for h in hashes)
-    ):
-        problems.append(f"{MANIFEST}: row_sha256 is not a list of row hashes")
-    count = old.samples.get("count", 0) if isinstance(old.samples, dict) else None
-    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+    count = old.samples.count
+    if count < 0:
         problems.append(f"{MANIFEST}: samples.count={count!r} is not a row count")
     return problems
 
@@ -180,13 +183,13 @@ def _verdict_by_prefix(
     are unproven. Anything else is redone (only existing files make a mismatch: with none,
     there is nothing to refuse)."""
     samples = old.samples
-    n_old = int(samples.get("count", 0))
+    n_old = samples.count
     if n_old > len(rows):
         problem = (
             f"{len(rows)} rows, fewer than the {n_old} the files were extracted from, and "
             f"{MANIFEST} has no row_sha256 to prove them a prefix of those"
         )
-    elif n_old > 0 and rows.prefix_sha256.get(n_old) != samples.get("input_ids_sha256"):
+    elif n_old > 0 and rows.prefix_sha256.get(n_old) != samples.input_ids_sha256:
         problem = (
             f"rows 0..{n_old - 1} differ from the {n_old} rows the files were "
             f"extracted from (input_ids hash)"
@@ -272,7 +275,7 @@ def write_manifest(
     out: Path,
     key: dict[str, Any],
     rows: Rows,
-    plan: dict[str, Any],
+    plan: ExtractPlan,
     online: dict[str, Any] | None = None,
 ) -> ExtractManifest:
     """Deterministic content (no timestamps): every rank writes the same bytes. ``online``:
@@ -285,7 +288,7 @@ def write_manifest(
     mpath = out / MANIFEST
     manifest = ExtractManifest(
         **key,
-        samples={"count": len(rows), "tokens": rows.tokens, "input_ids_sha256": rows.sha256},
+        samples=ManifestSamples(count=len(rows), tokens=rows.tokens, input_ids_sha256=rows.sha256),
         plan=plan,
         mode="offline" if online is None else "online",
         online=online,
@@ -302,7 +305,7 @@ def write_manifest(
 def manifest_count(out: Path) -> int:
     """How many rows the existing files were extracted from (0 when unknown)."""
     with contextlib.suppress(RecordError, TypeError, ValueError):
-        return int(ExtractManifest.read(out / MANIFEST).samples["count"])
+        return ExtractManifest.read(out / MANIFEST).samples.count
     return 0
 
 

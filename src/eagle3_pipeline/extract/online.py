@@ -27,7 +27,7 @@ from eagle3_pipeline.extract.manifest import (
     remove_stale_temps,
     write_manifest,
 )
-from eagle3_pipeline.extract.record import ExtractRecord
+from eagle3_pipeline.extract.record import ExtractPlan, ExtractRecord
 from eagle3_pipeline.extract.rows import load_rows
 from eagle3_pipeline.extract.vllm_backend import vllm_layer_ids
 from eagle3_pipeline.serving.engine import STAGING_PLACEHOLDER, build_engine, log_file
@@ -83,7 +83,7 @@ def record_online(cfg: Config) -> ExtractRecord:
         out,
         key,
         rows,
-        {"vllm_layer_ids": vllm_layer_ids(spec)},
+        ExtractPlan(vllm_layer_ids=vllm_layer_ids(spec)),
         online=online_section(cfg, engine.to_dict()),
     )
     return extract_record(

@@ -71,6 +71,48 @@ class ExtractRecord(Record):
     offline_files_removed: int | None = optional()  # online: files of an offline run removed
 
 
+@dataclass(frozen=True)
+class ManifestTarget:
+    """The target the states were computed from (part of the manifest's key)."""
+
+    name: str
+    hub_id: str | None
+    revision: str | None  # a pinned commit: it alone identifies the weights
+    architecture: str
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    weights: str | None  # the weights' fingerprint when no pinned revision says which
+
+
+@dataclass(frozen=True)
+class ManifestLayers:
+    """Which residual-stream states each file holds, in which order (part of the key)."""
+
+    aux_layer_ids: list[int]  # id k: the stream entering layer k
+    final: str  # where the last state is taken (before_final_norm)
+    layout: str  # the tensor layout, in words
+
+
+@dataclass(frozen=True)
+class ManifestSamples:
+    """The rows the files were extracted from."""
+
+    count: int
+    tokens: int
+    input_ids_sha256: str  # of every row's ids, in order (proves an extension)
+
+
+@dataclass(frozen=True)
+class ExtractPlan:
+    """How the states were computed: hf's batch plan, or the layers vLLM captures."""
+
+    batch_tokens: int | None = optional()  # hf: padding-aware token budget of a batch
+    plan_rows: int | None = optional()  # hf: rows per planning window
+    batches: int | None = optional()  # hf: batches planned
+    vllm_layer_ids: list[int] | None = optional()  # vllm: the layer ids vLLM captures
+
+
 @dataclass(kw_only=True)
 class ExtractManifest(Record):
     STAGE = "extract"
@@ -81,14 +123,14 @@ class ExtractManifest(Record):
     # the key: files are only added to a directory whose manifest carries exactly it
     format: str  # the files' format (layout.FORMAT)
     backend: str  # hf or vllm: who computed the states
-    target: dict[str, Any]  # name, hub id, revision, architecture, sizes, weights fingerprint
+    target: ManifestTarget  # name, hub id, revision, architecture, sizes, weights
     tokenizer_sha256: str  # the tokenizer the rows were rendered with
-    layers: dict[str, Any]  # aux_layer_ids, where the final state is, the tensor layout
+    layers: ManifestLayers  # aux_layer_ids, where the final state is, the tensor layout
     hidden_size: int  # the states' last dimension
     dtype: str  # extract.dtype of the stored states
     # what the files were extracted from and how
-    samples: dict[str, Any]  # count, tokens and input_ids_sha256 of the rows
-    plan: dict[str, Any]  # hf: the batch plan's settings; vllm: the layer ids vLLM captures
+    samples: ManifestSamples  # count, tokens and input_ids_sha256 of the rows
+    plan: ExtractPlan  # hf: the batch plan's settings; vllm: the layer ids vLLM captures
     mode: str = "offline"  # extract.mode: offline (one file per row) or online (no files)
     online: dict[str, Any] | None = optional()  # online: the engine the train stage starts
     # offline: entry i is the hash of the row whose states hs_i.safetensors holds (sha256 of

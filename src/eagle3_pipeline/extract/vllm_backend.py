@@ -38,7 +38,7 @@ from eagle3_pipeline.extract.extraction import (
 )
 from eagle3_pipeline.extract.layout import hs_path
 from eagle3_pipeline.extract.manifest import write_manifest
-from eagle3_pipeline.extract.record import ExtractRecord
+from eagle3_pipeline.extract.record import ExtractPlan, ExtractRecord
 from eagle3_pipeline.extract.rows import Rows
 from eagle3_pipeline.extract.writer import Timings, save_hidden_states
 from eagle3_pipeline.serving.engine import build_engine, log_file
@@ -166,7 +166,7 @@ def extract_vllm(cfg: Config) -> ExtractRecord:
         check_output_disk(
             out, bytes_needed(rows, todo, n_layers, spec.hidden_size, cfg.extract.dtype)
         )
-        write_manifest(out, ex.key, rows, {"vllm_layer_ids": vllm_layer_ids(spec)})
+        write_manifest(out, ex.key, rows, ExtractPlan(vllm_layer_ids=vllm_layer_ids(spec)))
         wrote_manifest = True
         staging = out / STAGING
         gen_wall = 0.0

@@ -52,8 +52,8 @@ def count_rows(prepared: Path) -> int:
 
 def _check_manifest(path: Path, manifest: ExtractManifest, spec: TargetSpec) -> None:
     """The extract stage's manifest names the layers and the target it read."""
-    layers = manifest.layers.get("aux_layer_ids")
-    if layers is None or [int(k) for k in layers] != list(spec.aux_layer_ids):
+    layers = manifest.layers.aux_layer_ids
+    if layers != list(spec.aux_layer_ids):
         raise TrainingError(
             f"{path}: hidden states of layers {layers}, but target.json's aux layer "
             f"ids are {spec.aux_layer_ids}: rerun the extract stage"
@@ -68,7 +68,7 @@ def _check_manifest(path: Path, manifest: ExtractManifest, spec: TargetSpec) -> 
         "vocab_size": spec.vocab_size,
     }
     for key, value in mine.items():
-        theirs = recorded.get(key)
+        theirs = getattr(recorded, key)
         if theirs != value:
             raise TrainingError(
                 f"{path}: hidden states from target {key}={theirs!r}, "
@@ -115,7 +115,7 @@ def check_hidden_states(hs_dir: Path, spec: TargetSpec, n_rows: int) -> ExtractM
     manifest = ExtractManifest.read(manifest_path)
     _check_manifest(manifest_path, manifest, spec)
     if manifest.is_online:  # no files: a server makes them during training
-        count = manifest.samples.get("count")
+        count = manifest.samples.count
         if count != n_rows:
             raise TrainingError(
                 f"{manifest_path}: recorded for {count} rows, the prepared "
