@@ -35,6 +35,7 @@ from eagle3_pipeline.extract.record import (
     ManifestLayers,
     ManifestSamples,
     ManifestTarget,
+    OnlineSection,
 )
 from eagle3_pipeline.extract.rows import CHUNK_ROWS, Rows, _row_bytes
 from eagle3_pipeline.targets.adapter import TargetSpec
@@ -276,7 +277,7 @@ def write_manifest(
     key: dict[str, Any],
     rows: Rows,
     plan: ExtractPlan,
-    online: dict[str, Any] | None = None,
+    online: OnlineSection | None = None,
 ) -> ExtractManifest:
     """Deterministic content (no timestamps): every rank writes the same bytes. ``online``:
     the engine the train stage starts (extract.mode=online, no files).

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 from eagle3_pipeline.core.config import Config, ConfigError
 from eagle3_pipeline.extract.extraction import checked_target, extract_record, prepare_output
@@ -27,27 +26,27 @@ from eagle3_pipeline.extract.manifest import (
     remove_stale_temps,
     write_manifest,
 )
-from eagle3_pipeline.extract.record import ExtractPlan, ExtractRecord
+from eagle3_pipeline.extract.record import ExtractPlan, ExtractRecord, OnlineSection
 from eagle3_pipeline.extract.rows import load_rows
 from eagle3_pipeline.extract.vllm_backend import vllm_layer_ids
-from eagle3_pipeline.serving.engine import STAGING_PLACEHOLDER, build_engine, log_file
+from eagle3_pipeline.serving.engine import STAGING_PLACEHOLDER, Engine, build_engine, log_file
 
 log = logging.getLogger(__name__)
 
 
-def online_section(cfg: Config, engine: dict[str, Any]) -> dict[str, Any]:
+def online_section(cfg: Config, engine: Engine) -> OnlineSection:
     """What the train stage needs to start and talk to the extraction server."""
     e, v = cfg.extract, cfg.vllm
-    return {
-        "engine": engine,
-        "python": v.python,
-        "port": e.server.port,
-        "concurrency": e.server.concurrency,
-        "staging_dir": e.staging_dir,
-        "startup_timeout_s": v.startup_timeout_s,
-        "shutdown_timeout_s": v.shutdown_timeout_s,
-        "log_file": str(log_file(cfg, "online")),
-    }
+    return OnlineSection(
+        engine=engine,
+        python=v.python,
+        port=e.server.port,
+        concurrency=e.server.concurrency,
+        staging_dir=e.staging_dir,
+        startup_timeout_s=v.startup_timeout_s,
+        shutdown_timeout_s=v.shutdown_timeout_s,
+        log_file=str(log_file(cfg, "online")),
+    )
 
 
 def record_online(cfg: Config) -> ExtractRecord:
@@ -84,7 +83,7 @@ def record_online(cfg: Config) -> ExtractRecord:
         key,
         rows,
         ExtractPlan(vllm_layer_ids=vllm_layer_ids(spec)),
-        online=online_section(cfg, engine.to_dict()),
+        online=online_section(cfg, engine),
     )
     return extract_record(
         cfg,

@@ -16,9 +16,9 @@ the train stage read these records without running the extraction code.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from eagle3_pipeline.core.records import Record, optional
+from eagle3_pipeline.serving.engine import Engine
 
 
 @dataclass(kw_only=True)
@@ -113,6 +113,21 @@ class ExtractPlan:
     vllm_layer_ids: list[int] | None = optional()  # vllm: the layer ids vLLM captures
 
 
+@dataclass(frozen=True)
+class OnlineSection:
+    """``extract.mode=online``: the extraction server the train stage starts for the length
+    of training (the engine with a placeholder for its staging directory), and how."""
+
+    engine: Engine
+    python: str | None  # the vLLM environment's python (vllm.python; null: found)
+    port: int
+    concurrency: int  # requests in flight per worker
+    staging_dir: str | None  # where the connector writes (null: a temporary directory)
+    startup_timeout_s: float
+    shutdown_timeout_s: float
+    log_file: str  # the server's log
+
+
 @dataclass(kw_only=True)
 class ExtractManifest(Record):
     STAGE = "extract"
@@ -132,7 +147,7 @@ class ExtractManifest(Record):
     samples: ManifestSamples  # count, tokens and input_ids_sha256 of the rows
     plan: ExtractPlan  # hf: the batch plan's settings; vllm: the layer ids vLLM captures
     mode: str = "offline"  # extract.mode: offline (one file per row) or online (no files)
-    online: dict[str, Any] | None = optional()  # online: the engine the train stage starts
+    online: OnlineSection | None = optional()  # online: the engine the train stage starts
     # offline: entry i is the hash of the row whose states hs_i.safetensors holds (sha256 of
     # its length and int64 input_ids, first 32 hex digits; :func:`~.manifest.row_hashes`),
     # one per row, then any kept past the rows by a shrink. What proves a file reusable

@@ -58,10 +58,6 @@ class Engine:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Engine:
-        return cls(**data)
-
     def serve_argv(
         self, port: int, executable: Sequence[str] = ("vllm",), host: str = "127.0.0.1"
     ) -> list[str]:

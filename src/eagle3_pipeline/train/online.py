@@ -17,6 +17,7 @@ extraction stores) and deleted: at any moment the disk holds only the batches in
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -24,10 +25,10 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from eagle3_pipeline.core.errors import StageError
 from eagle3_pipeline.extract.record import ExtractManifest
+from eagle3_pipeline.serving.engine import Engine
 from eagle3_pipeline.train.errors import TrainingError
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ ENV_MODEL = "EAGLE3_ONLINE_MODEL"
 class OnlineSource:
     """The manifest's ``online`` section: the engine to start and how to reach it."""
 
-    engine: dict[str, Any]
+    engine: Engine  # with the staging placeholder (see :func:`_engine`)
     python: str | None
     port: int
     concurrency: int
@@ -53,23 +54,22 @@ class OnlineSource:
 
     @classmethod
     def from_manifest(cls, path: Path, manifest: ExtractManifest) -> OnlineSource:
-        sec: Any = manifest.online
-        try:
-            return cls(
-                engine=dict(sec["engine"]),
-                python=sec.get("python"),
-                port=int(sec["port"]),
-                concurrency=max(1, int(sec.get("concurrency", 1))),
-                staging_dir=sec.get("staging_dir"),
-                startup_timeout_s=float(sec["startup_timeout_s"]),
-                shutdown_timeout_s=float(sec["shutdown_timeout_s"]),
-                log_file=str(sec["log_file"]),
-                dtype=str(manifest.dtype),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
+        sec = manifest.online  # typed: the record's reader checked every field
+        if sec is None:
             raise TrainingError(
-                f"{path}: online manifest incomplete ({exc!r}): rerun the extract stage"
-            ) from None
+                f"{path}: an online manifest without its online section: rerun the extract stage"
+            )
+        return cls(
+            engine=sec.engine,
+            python=sec.python,
+            port=sec.port,
+            concurrency=max(1, sec.concurrency),
+            staging_dir=sec.staging_dir,
+            startup_timeout_s=sec.startup_timeout_s,
+            shutdown_timeout_s=sec.shutdown_timeout_s,
+            log_file=sec.log_file,
+            dtype=str(manifest.dtype),
+        )
 
 
 @dataclass(frozen=True)
@@ -91,10 +91,12 @@ class Endpoint:
         return cls(url, key, model)
 
 
-def _engine(source: OnlineSource, staging: Path) -> Any:
-    from eagle3_pipeline.serving.engine import STAGING_PLACEHOLDER, Engine
+def _engine(source: OnlineSource, staging: Path) -> Engine:
+    """The recorded engine with train's staging directory in place of the placeholder (a
+    copy: the source stays as recorded)."""
+    from eagle3_pipeline.serving.engine import STAGING_PLACEHOLDER
 
-    eng = Engine.from_dict({**source.engine})
+    eng = dataclasses.replace(source.engine)
     kv = dict(eng.kv_transfer_config or {})
     extra = dict(kv.get("kv_connector_extra_config") or {})
     if extra.get("shared_storage_path") != STAGING_PLACEHOLDER:
