@@ -183,7 +183,9 @@ def test_partial_acceptance_counts_exactly(setup: Setup) -> None:
 def test_untrained_draft_scores_about_one(setup: Setup, untrained: Any) -> None:
     r = run(setup, SpeculatorsDraft(untrained))
     assert r.lossless is True
-    assert 1.0 <= r.acceptance_length < 1.15
+    # at most vLLM's figure (end effects only cut), and next to nothing above 1 per step
+    assert r.acceptance_length <= r.vllm_style_acceptance_length
+    assert r.acceptance_length < 1.15
 
 
 def test_trained_draft_beats_untrained(setup: Setup, untrained: Any, trained: Any) -> None:

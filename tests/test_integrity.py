@@ -58,7 +58,7 @@ def test_the_project_cache_copies_so_an_edit_in_place_cannot_reach_it() -> None:
 def test_a_damaged_hardlinked_output_takes_its_cache_object_with_it(tmp_path: Path) -> None:
     """With cache.type=hardlink (a user's choice for huge hidden states) the damaged file
     and its cache object are one inode; removing both lets DVC cache the redone file."""
-    from eagle3_pipeline.core.dvc_cache import release_damaged
+    from eagle3_pipeline.runtime.dvc_cache import release_damaged
 
     subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
     _dvc(tmp_path, "init", "-q")
@@ -82,7 +82,7 @@ def test_a_damaged_hardlinked_output_takes_its_cache_object_with_it(tmp_path: Pa
 
 
 def test_a_whole_copied_output_shares_nothing(tmp_path: Path) -> None:
-    from eagle3_pipeline.core.dvc_cache import shared_cache_objects
+    from eagle3_pipeline.runtime.dvc_cache import shared_cache_objects
 
     (tmp_path / ".dvc" / "cache").mkdir(parents=True)
     f = tmp_path / "a.safetensors"
@@ -223,10 +223,42 @@ def test_a_crash_that_is_a_bug_restores_too(tmp_path: Path, monkeypatch) -> None
 def test_the_same_training_in_two_clones_gives_byte_identical_drafts(
     tiny_target: Path, tmp_path: Path
 ) -> None:
-    from workdirs import make_workdir
+    """The train stage, run on the same inputs in two clones at different paths, writes
+    the same draft bytes: nothing of where it ran is in them (the target is named
+    relative to the draft)."""
+    import eagle3_pipeline.stages.extract as extract
+    import eagle3_pipeline.stages.prepare as prepare
+    from eagle3_pipeline.core.config import load_config
+    from eagle3_pipeline.stages.train import main as train
 
-    a = make_workdir(tiny_target, tmp_path / "clone_a")
-    b = make_workdir(tiny_target, tmp_path / "elsewhere" / "clone_b")
+    data = ["data.regenerate=false", "data.max_seq_len=128", "train.samples=12"]
+    steps = [
+        "extract.fsync=false",
+        "train.epochs=1",
+        "train.max_steps=2",
+        "train.tokens_per_step=512",
+        "train.draft_vocab_size=512",
+        "train.val_fraction=0.2",
+        "train.checkpoint_every_steps=1000",
+    ]
+    a = tmp_path / "clone_a"
+    b = tmp_path / "elsewhere" / "clone_b"
+    shutil.copytree(tiny_target, a, symlinks=True)
+    old = os.getcwd()
+    try:
+        os.chdir(a)
+        cfg = load_config([*data, *steps])
+        prepare.run(cfg, progress=False)
+        extract.run(cfg)
+        shutil.copytree(a, b, symlinks=True)  # the same inputs, in another clone
+        for clone in (a, b):
+            os.chdir(clone)
+            train([*data, *steps])
+    finally:
+        os.chdir(old)
+    trained = [json.loads((c / "metrics/details/train.json").read_text()) for c in (a, b)]
+    assert [t["steps"] for t in trained] == [2, 2]  # trained, not just initialised
+    assert trained[0]["val_loss"] == trained[1]["val_loss"] != trained[0]["val_loss_untrained"]
     for name in ("config.json", "model.safetensors"):
         assert _md5(a / "data/draft" / name) == _md5(b / "data/draft" / name), name
     verifier = json.loads((a / "data/draft/config.json").read_text())["speculators_config"][

@@ -13,7 +13,10 @@ import pytest
 from machines import BLACKWELL, cfg_for, rtx
 
 from eagle3_pipeline.core.config import Config
-from eagle3_pipeline.core.gpu import (
+from eagle3_pipeline.preflight.hardware import TorchView
+from eagle3_pipeline.preflight.result import render_preflight
+from eagle3_pipeline.preflight.run import run_preflight
+from eagle3_pipeline.runtime.gpu import (
     GpuInfo,
     GpuProcess,
     MemoryReader,
@@ -21,9 +24,6 @@ from eagle3_pipeline.core.gpu import (
     open_reader,
     select_visible,
 )
-from eagle3_pipeline.preflight.hardware import TorchView
-from eagle3_pipeline.preflight.result import render_preflight
-from eagle3_pipeline.preflight.run import run_preflight
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
@@ -80,7 +80,7 @@ def test_eight_idle_blackwells_pass(tmp_path):
     }
     m = res.metrics
     assert m.passed is True and m.gpu_count_visible == 8
-    assert m.gpus[3]["uuid"].startswith("GPU-03") and m.snapshot["mode"] == "cuda"
+    assert m.gpus[3]["uuid"].startswith("GPU-03") and m.snapshot.mode == "cuda"
     table = render_preflight(res)
     assert "preflight passed" in table and "97,887 MiB" in table
 
@@ -293,12 +293,43 @@ def _no_driver():
     raise NoGpuDriver("no NVIDIA driver: the NVML library was not found")
 
 
-def test_cpu_mode_passes_for_the_cpu_profile(tmp_path):
+def _no_vllm_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """As on a machine without ``.venv-vllm``: a real probe of it would fail the check."""
+    from eagle3_pipeline.serving.env import ENV_VAR
+
+    monkeypatch.setenv(ENV_VAR, str(tmp_path / "no-vllm-env" / "bin" / "python"))
+
+
+CPU_ATTN = {  # vLLM 0.32's CPU build's answer for a float32 head of 32 (its selector's)
+    "backend": "CPU_ATTN",
+    "head_size_ok": True,
+    "dtype_ok": True,
+    "head_sizes": [32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512],
+}
+
+
+def test_cpu_mode_passes_for_the_cpu_profile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The vLLM environment's readings are injected (the real ones: the slow test below),
+    so this passes on a machine without one."""
+    _no_vllm_environment(monkeypatch, tmp_path)
+    asked: list[list[dict]] = []
+
+    def selector(reading, queries):
+        asked.append(queries)
+        return [CPU_ATTN for _ in queries]
+
     res = run_preflight(
-        cfg_for(tmp_path), env={}, open_nvml=_no_driver, free_fn=lambda p: PLENTY, versions=VERSIONS
+        cfg_for(tmp_path),
+        env={},
+        open_nvml=_no_driver,
+        free_fn=lambda p: PLENTY,
+        versions=VERSIONS,
+        vllm_probe=vllm_build(cpu=True),
+        attention_probe=selector,
     )
     assert res.passed and res.mode == "cpu" and res.inventory == {"mode": "cpu"}
-    # the real vLLM environment, probed: the CPU build, its CLI answering
     assert [c.name for c in res.checks] == [
         "target",
         "data",
@@ -308,8 +339,24 @@ def test_cpu_mode_passes_for_the_cpu_profile(tmp_path):
         "vllm",
         "vllm_attention",
     ]
-    assert res.metrics.vllm["cpu_build"] is True and res.metrics.vllm["cli_version"]
-    # vLLM's own selector was asked about the draft's attention (the MLA target's is not)
+    vllm = res.metrics.vllm
+    assert vllm is not None and vllm["cpu_build"] is True and vllm["version"] == "0.32.0+cpu"
+    # vLLM's selector is asked about the draft's attention only (the MLA target's is not)
+    assert asked == [[{"head_size": 32, "dtype": "float32", "num_heads": 4}]]
+    assert res.checks[-1].reading == "the draft's head_dim=32 (train.draft.head_dim) -> CPU_ATTN"
+
+
+@pytest.mark.slow
+def test_cpu_mode_passes_with_the_real_vllm_environment(tmp_path: Path) -> None:
+    """The same, with the installed vLLM environment probed: the CPU build, its CLI
+    answering, and its own attention selector asked about the draft's head."""
+    res = run_preflight(
+        cfg_for(tmp_path), env={}, open_nvml=_no_driver, free_fn=lambda p: PLENTY, versions=VERSIONS
+    )
+    assert res.passed, [c.problems for c in res.checks if not c.passed]
+    vllm = res.metrics.vllm
+    assert vllm is not None and vllm["cpu_build"] is True and vllm["cli_version"]
+    assert res.checks[-1].name == "vllm_attention"
     assert "head_dim=32" in res.checks[-1].reading and "CPU_ATTN" in res.checks[-1].reading
 
 
@@ -399,25 +446,39 @@ def test_vllm_environment_missing_or_of_the_wrong_build(tmp_path):
 
 
 def test_stage_writes_outputs_and_exit_codes(tmp_path, monkeypatch):
+    """The stage on this machine's real probes, vLLM left out (validate.vllm=false, and
+    no vLLM environment at all): what it writes and how it exits."""
     if _has_driver():
         pytest.skip("needs the driverless path (this machine has an NVIDIA driver)")
     from eagle3_pipeline.stages.preflight import main
 
+    _no_vllm_environment(monkeypatch, tmp_path)
     monkeypatch.chdir(tmp_path)
-    main(["--conf-dir", str(CONF)])  # cpu profile: passes
+    main(["--conf-dir", str(CONF), "validate.vllm=false"])  # cpu profile: passes
     inv = json.loads((tmp_path / "data/preflight/inventory.json").read_text())
     metrics = json.loads((tmp_path / "metrics/details/preflight.json").read_text())
     assert inv == {"mode": "cpu"}
     assert metrics["passed"] is True and metrics["checks"]["disk"]["passed"] is True
     assert metrics["packages"]["torch"] == importlib.metadata.version("torch")
+    assert "vllm" not in metrics["checks"] and metrics["vllm"] is None
 
     with pytest.raises(SystemExit) as exc:
-        main(["--conf-dir", str(CONF), "hardware=rtx_pro_6000_x8"])
+        main(["--conf-dir", str(CONF), "validate.vllm=false", "hardware=rtx_pro_6000_x8"])
     assert exc.value.code == 1
-    assert json.loads((tmp_path / "metrics/details/preflight.json").read_text())["passed"] is False
+    failed_run = json.loads((tmp_path / "metrics/details/preflight.json").read_text())
+    assert failed_run["passed"] is False
+    assert [k for k, c in failed_run["checks"].items() if not c["passed"]] == ["driver"]
 
     # strict=false: the same failure is recorded, but the stage exits 0
-    main(["--conf-dir", str(CONF), "hardware=rtx_pro_6000_x8", "preflight.strict=false"])
+    main(
+        [
+            "--conf-dir",
+            str(CONF),
+            "validate.vllm=false",
+            "hardware=rtx_pro_6000_x8",
+            "preflight.strict=false",
+        ]
+    )
     metrics = json.loads((tmp_path / "metrics/details/preflight.json").read_text())
     assert metrics["passed"] is False and metrics["strict"] is False
     assert metrics["checks"]["driver"]["passed"] is False

@@ -4,8 +4,14 @@ a writer produces is what the plan, the train stage and the dvclive headline rea
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import importlib
+import inspect
+import io
 import json
+import textwrap
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -20,6 +26,7 @@ from record_samples import (
     validate_record,
 )
 
+import eagle3_pipeline
 from eagle3_pipeline.core.metrics import (
     details_path,
     headline_path,
@@ -29,7 +36,7 @@ from eagle3_pipeline.core.metrics import (
 from eagle3_pipeline.core.records import Record, RecordError
 from eagle3_pipeline.data.record import PrepareRecord
 from eagle3_pipeline.extract.manifest import check_manifest, manifest_count
-from eagle3_pipeline.extract.record import ExtractManifest, ExtractRecord
+from eagle3_pipeline.extract.record import ExtractManifest, ExtractPlan, ExtractRecord
 from eagle3_pipeline.plan import resources, target_info
 from eagle3_pipeline.preflight.record import PreflightRecord
 from eagle3_pipeline.targets.record import TargetRecord
@@ -64,27 +71,85 @@ def test_each_record_round_trips(name: str, tmp_path: Path) -> None:
     path = tmp_path / f"{name}.json"
     record.write(path)
     data = json.loads(path.read_text())
-    assert next(iter(data)) == "version" and data["version"] == record.schema_version() == 1
+    assert next(iter(data)) == "version" and data["version"] == record.schema_version() >= 1
     assert type(record).read(path) == record
     assert not list(tmp_path.glob(".*.tmp"))  # written atomically: no temporary left
 
 
+RECORDS = (
+    PreflightRecord,
+    TargetRecord,
+    PrepareRecord,
+    ExtractRecord,
+    ExtractManifest,
+    TrainRecord,
+    ValidateRecord,
+)
+
+
+def _records_in_the_package() -> set[type[Record]]:
+    """Every record a stage declares: the Record subclasses of the subpackages' record.py."""
+    src = Path(eagle3_pipeline.__file__).parent
+    for path in sorted(src.glob("*/record.py")):
+        importlib.import_module(f"eagle3_pipeline.{path.parent.name}.record")
+    return set(Record.__subclasses__())
+
+
+def _declarations(cls: type) -> list[tuple[str, str]]:
+    """``(field, its comment)`` for each field the class body declares, in order. A
+    field's comment is the one on its line, else the comment block right above the run of
+    field lines it stands in (a heading over a group of fields); '' when it has none."""
+    lines, _ = inspect.getsourcelines(cls)
+    src = textwrap.dedent("".join(lines))
+    comments = {
+        tok.start[0]: tok.string.lstrip("#").strip()
+        for tok in tokenize.generate_tokens(io.StringIO(src).readline)
+        if tok.type == tokenize.COMMENT
+    }
+    text = src.splitlines()
+    (node,) = ast.parse(src).body
+    assert isinstance(node, ast.ClassDef)
+    declared = [
+        s for s in node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
+    ]
+    field_lines = {n for s in declared for n in range(s.lineno, (s.end_lineno or s.lineno) + 1)}
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    out = []
+    for s in declared:
+        assert isinstance(s.target, ast.Name)
+        if s.target.id not in names:  # a ClassVar
+            continue
+        span = range(s.lineno, (s.end_lineno or s.lineno) + 1)
+        comment = next((comments[n] for n in span if n in comments), "")
+        above = s.lineno - 1
+        while not comment and above in field_lines:
+            above -= 1
+        if not comment and above in comments and text[above - 1].lstrip().startswith("#"):
+            comment = comments[above]
+        out.append((s.target.id, comment))
+    return out
+
+
 def test_every_field_is_declared_once_with_its_comment() -> None:
-    """The schema is the dataclass: a key a stage writes is one of its fields, and the
-    ones a reader needs are required (no default to fall back on)."""
-    for cls in (
-        PreflightRecord,
-        TargetRecord,
-        PrepareRecord,
-        ExtractRecord,
-        ExtractManifest,
-        TrainRecord,
-        ValidateRecord,
-    ):
-        names = [f.name for f in dataclasses.fields(cls)]
-        assert len(names) == len(set(names)) and names[0] == "version", cls
+    """The schema is the dataclass, each field declared once with what it is: a comment on
+    its line or heading its group. A key a stage writes is one of its fields, and the ones
+    a reader needs are required (no default to fall back on)."""
+    assert _records_in_the_package() == set(RECORDS)  # a new record is checked here too
+    ((name, comment),) = _declarations(Record)
+    assert name == "version" and comment.startswith("schema version")
+    for cls in RECORDS:
+        declared = _declarations(cls)
+        names = [name for name, _ in declared]
+        # a name annotated twice in a class body is silently one field (the last one wins)
+        assert len(names) == len(set(names)), (cls, sorted(n for n in names if names.count(n) > 1))
+        # the file's keys: the version first (a subclass redeclares it only to bump it), then
+        # the body's fields in their order
+        own = [n for n in names if n != "version"]
+        assert [f.name for f in dataclasses.fields(cls)] == ["version", *own], cls
+        uncommented = [name for name, comment in declared if not comment]
+        assert not uncommented, f"{cls.__name__}: fields without a comment: {uncommented}"
         assert cls.STAGE in ("preflight", "target", "prepare", "extract", "train", "validate")
-    assert {"hardware", "model", "tokens_per_s"} <= set(TrainRecord.required_keys())
+    assert {"hardware", "target", "tokens_per_s"} <= set(TrainRecord.required_keys())
     assert {"hardware", "target", "tokens_per_s"} <= set(ExtractRecord.required_keys())
     assert {"rows", "conversations_train", "mean_tokens_per_row"} <= set(
         PrepareRecord.required_keys()
@@ -121,11 +186,12 @@ def test_another_version_is_one_line_naming_the_file_and_the_rebuild(
     record = SAMPLES[name]
     path = tmp_path / f"{name}.json"
     data = record.to_dict()
-    path.write_text(json.dumps({**data, "version": 2}))
+    other = record.schema_version() + 1
+    path.write_text(json.dumps({**data, "version": other}))
     with pytest.raises(RecordError) as exc:
         type(record).read(path)
     text = _one_line(exc, path, record.STAGE)
-    assert "schema version 2, this pipeline reads version 1" in text
+    assert f"schema version {other}, this pipeline reads version {other - 1}" in text
     # written before records were versioned: refused, but for a record that reads such
     # files as a version (the manifest: its hidden states stay reusable)
     path.write_text(json.dumps({k: v for k, v in data.items() if k != "version"}))
@@ -195,7 +261,7 @@ def test_the_plan_takes_measured_rates_from_its_own_profile_and_model(tmp_path: 
         cfg,
         train_record(
             hardware=cfg.hardware.name,
-            model=cfg.model.name,
+            target=cfg.model.name,
             tokens_per_s=2.0 * s.tokens_per_conversation,
         ),
     )
@@ -225,37 +291,72 @@ def test_the_train_stage_reads_preflights_snapshot(tmp_path: Path, caplog) -> No
 
     cfg = cfg_for(tmp_path)
     assert preflight_snapshot(cfg) is None
-    snap = {
-        "mode": "cuda",
-        "gpus": [{"cuda_index": 0, "uuid": "GPU-0", "memory_used_mib": 1, "processes": []}],
-    }
+    from eagle3_pipeline.runtime.gpu import GpuMemory, GpuProcess, GpuSnapshot
+
+    snap = GpuSnapshot(
+        mode="cuda", gpus=[GpuMemory(0, "GPU-0", 1, [GpuProcess(7, "python", None)])]
+    )
     write_stage_metrics(cfg, preflight_record(mode="cuda", snapshot=snap))
     assert preflight_snapshot(cfg) == snap
     assert json.loads(headline_path(cfg, PreflightRecord).read_text()) == {"passed": True}
-    details_path(cfg, "preflight").write_text(json.dumps({"snapshot": snap}))
+    details_path(cfg, "preflight").write_text(json.dumps({"snapshot": {"mode": "cuda"}}))
     assert preflight_snapshot(cfg) is None  # a warning, not a refused run
     assert "`dvc repro preflight`" in caplog.text
 
 
 def test_the_manifest_the_extract_stage_writes_is_what_train_reads(tmp_path: Path) -> None:
-    from eagle3_pipeline.train.online import OnlineSource
+    """extract.mode=online: the manifest built as the extract stage builds it (the engine
+    it serves, its ``online_section`` of the config, ``write_manifest``), read back by the
+    train stage's reader, starts the server the config asked for, with that engine."""
+    from eagle3_pipeline.extract.manifest import manifest_key, write_manifest
+    from eagle3_pipeline.extract.online import online_section
+    from eagle3_pipeline.extract.rows import Rows
+    from eagle3_pipeline.extract.vllm_backend import vllm_layer_ids
+    from eagle3_pipeline.serving.engine import STAGING_PLACEHOLDER, build_engine
+    from eagle3_pipeline.targets.adapter import describe_target
+    from eagle3_pipeline.train.online import OnlineSource, _engine
 
-    path = tmp_path / "manifest.json"
-    online = {
-        "engine": {"model": "m"},
-        "python": None,
-        "port": 8010,
-        "concurrency": 2,
-        "staging_dir": None,
-        "startup_timeout_s": 60,
-        "shutdown_timeout_s": 10,
-        "log_file": "logs/online.log",
-    }
-    manifest(mode="online", online=online, dtype="float32").write(path)
+    cfg = cfg_for(
+        tmp_path,
+        *KIMI,
+        "extract.mode=online",
+        "extract.dtype=float32",
+        "extract.server.port=8123",
+        "extract.server.concurrency=3",
+        f"extract.staging_dir={tmp_path / 'staging'}",
+        f"vllm.python={tmp_path / 'venv/bin/python'}",
+        "vllm.startup_timeout_s=77",
+        "vllm.shutdown_timeout_s=11",
+    )
+    spec = describe_target(FIXTURE, cfg.model)
+    # what extract.online.record_online does once its checks passed
+    engine = build_engine(cfg, spec, FIXTURE, "extract", staging=STAGING_PLACEHOLDER)
+    key = manifest_key(spec, FIXTURE, cfg.extract.dtype, "vllm", "0" * 64)
+    rows = Rows(path=tmp_path / "prepared", dataset=None, lengths=[100] * 8, sha256="0" * 64)
+    out = tmp_path / "hidden_states"
+    out.mkdir()
+    write_manifest(
+        out,
+        key,
+        rows,
+        ExtractPlan(vllm_layer_ids=vllm_layer_ids(spec)),
+        online=online_section(cfg, engine),
+    )
+    # what train.plan.plan_training does with it
+    path = out / "manifest.json"
     read = ExtractManifest.read(path)
-    assert read.is_online and manifest_count(tmp_path) == 8
+    assert read.is_online and read.backend == "vllm" and manifest_count(out) == 8
     source = OnlineSource.from_manifest(path, read)
-    assert source.port == 8010 and source.concurrency == 2 and source.dtype == "float32"
+    assert (source.port, source.concurrency, source.dtype) == (8123, 3, "float32")
+    assert source.staging_dir == str(tmp_path / "staging")
+    assert source.python == str(tmp_path / "venv/bin/python")
+    assert (source.startup_timeout_s, source.shutdown_timeout_s) == (77.0, 11.0)
+    assert source.log_file == str(Path(cfg.vllm.log_dir) / "vllm_online.log")
+    # the engine train starts is the one extract built, with train's staging directory
+    staging = tmp_path / "run-staging"
+    started = _engine(source, staging)
+    want = build_engine(cfg, spec, FIXTURE, "extract", staging=staging)
+    assert started == want and started.serve_argv(8123) == want.serve_argv(8123)
 
 
 def test_a_manifest_from_before_versions_keeps_its_hidden_states(tmp_path: Path) -> None:
@@ -265,7 +366,7 @@ def test_a_manifest_from_before_versions_keeps_its_hidden_states(tmp_path: Path)
     (tmp_path / "manifest.json").write_text(json.dumps(old))
     read = ExtractManifest.read(tmp_path / "manifest.json")
     assert read.version == 1 and read.mode == "offline" and not read.is_online
-    assert manifest_count(tmp_path) == read.samples["count"]
+    assert manifest_count(tmp_path) == read.samples.count
 
 
 def test_extract_never_reuses_files_under_a_manifest_it_cannot_read(tmp_path: Path) -> None:
@@ -317,7 +418,10 @@ def test_the_headline_keys_are_declared_once_on_the_records() -> None:
     for _, file, keys in FIGURES:
         if file.startswith("validate/"):
             assert keys[0] in ValidateRecord.headline_keys(), keys
-    assert all(issubclass(c, Record) for c in (TrainRecord, ValidateRecord))
+    # ... from dvclive's summary, where exactly the records whose headline goes there put it
+    read_from_dvclive = {file.split("/")[0] for _, file, _ in FIGURES}
+    assert {c.STAGE for c in RECORDS if c.HEADLINE_IN_DVCLIVE} == read_from_dvclive
+    assert read_from_dvclive == {"train", "validate"}
 
 
 def test_dvclive_summaries_are_the_records_headline(tmp_path: Path) -> None:
@@ -369,3 +473,42 @@ def test_portable_commands_name_workspace_files_relatively(tmp_path: Path) -> No
     assert portable(elsewhere, root) == elsewhere
     assert portable(f"{root}x/y", root) == f"{root}x/y"  # a sibling sharing the prefix
     assert portable("/a/b", "/") == "/a/b"
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "needle"),
+    [
+        ("tokens_per_s", "fast", "key tokens_per_s: expected float, found str"),
+        ("steps", 3.5, "key steps: expected int, found float"),
+        ("steps", True, "key steps: expected int, found bool"),
+        ("resumed", "no", "key resumed: expected bool, found str"),
+        ("aux_layer_ids", [1, "2"], "key aux_layer_ids[1]: expected int, found str"),
+    ],
+)
+def test_a_field_of_the_wrong_type_is_refused_naming_file_and_key(
+    tmp_path: Path, key: str, value: object, needle: str
+) -> None:
+    """A record read back is trusted by its reader: a wrong type fails where it is read,
+    in one line naming the file, the key and the stage that rebuilds it."""
+    record = SAMPLES["train"]
+    path = tmp_path / "train.json"
+    record.write(path)
+    data = json.loads(path.read_text())
+    assert key in data
+    data[key] = value
+    path.write_text(json.dumps(data))
+    with pytest.raises(RecordError) as err:
+        TrainRecord.read(path)
+    msg = str(err.value)
+    assert msg.startswith(f"{path}: {needle}") and "\n" not in msg
+    assert "train" in msg  # the stage that rebuilds it
+
+
+def test_an_int_figure_is_a_valid_float_and_enums_come_back_as_enums(tmp_path: Path) -> None:
+    record = SAMPLES["train"]
+    path = tmp_path / "train.json"
+    record.write(path)
+    data = json.loads(path.read_text())
+    data["tokens_per_s"] = 100  # JSON has one number type: 100 is a float figure too
+    path.write_text(json.dumps(data))
+    assert TrainRecord.read(path).tokens_per_s == 100

@@ -167,13 +167,27 @@ def test_plan_turns_regenerates_after_each_user_segment():
 
 class ChatServer:
     """The tiny target behind /v1/models, /tokenize and /v1/chat/completions
-    (``return_token_ids`` as vLLM answers it; an API key on /v1 when ``api_key``), with faults chosen by a word in the last user message: FAIL500
-    (always 500), FLAKY (503 on the first attempt), SLOW (sleeps past the client's
-    timeout), NOIDS (a response without token ids), BADREQ (400, not retried)."""
+    (``return_token_ids`` as vLLM answers it; an API key on /v1 when ``api_key``), with
+    faults chosen by a word in the last user message: FAIL500 (always 500), FLAKY (503 on
+    the first attempt), SLOW (sleeps past the client's timeout), NOIDS (a response without
+    token ids), BADREQ (400, not retried).
 
-    def __init__(self, model_dir: Path, tok, eot, model, api_key: str | None = None) -> None:
+    It renders each chat itself, as vLLM's chat endpoint does and with none of our code:
+    the tokenizer's chat template (``chat_template``: a server started with another) to
+    text, then encoded with the request's ``add_special_tokens`` (vLLM's default False)."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        tok,
+        eot,
+        model,
+        api_key: str | None = None,
+        chat_template: str | None = None,
+    ) -> None:
         self.tok, self.eot, self.model = tok, eot, model
         self.model_dir, self.api_key = model_dir, api_key
+        self.chat_template = chat_template
         self.lock = threading.Lock()
         self.attempts: Counter[str] = Counter()
         server = self
@@ -231,6 +245,15 @@ class ChatServer:
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
+    def render(self, req: dict[str, Any]) -> list[int]:
+        text = self.tok.apply_chat_template(
+            req["messages"],
+            chat_template=self.chat_template,
+            tokenize=False,
+            add_generation_prompt=req.get("add_generation_prompt", True),
+        )
+        return list(self.tok.encode(text, add_special_tokens=req.get("add_special_tokens", False)))
+
     def answer(self, req: dict[str, Any]) -> tuple[int, Any]:
         import torch
 
@@ -248,7 +271,7 @@ class ChatServer:
             time.sleep(3.0)
         if not req.get("return_token_ids"):
             return 400, {"error": "this fixture only serves return_token_ids requests"}
-        prompt = render_ids(self.tok, req["messages"], generation_prompt=True)
+        prompt = self.render(req)
         with self.lock, torch.no_grad():
             out = self.model.generate(
                 input_ids=torch.tensor([prompt]),
@@ -311,6 +334,38 @@ def test_server_rows_equal_the_hf_rows_token_for_token(target, convs, hf_rows, s
     assert [(r.conversation, r.context, r.completion) for r in rows] == [
         (r.conversation, r.context, r.completion) for r in hf_rows[0]
     ]
+
+
+def test_a_render_that_differs_from_the_servers_is_counted(target, convs, server, monkeypatch):
+    """The server conditions on its own render of the messages. Ours differing from it is
+    counted on every request -- whether ours is wrong or the server was started with
+    another chat template -- and the rows hold the ids the server conditioned on."""
+    from eagle3_pipeline.data import regenerate
+
+    model_dir, tok, eot, model = target
+    single = convs[3:6]  # one request each
+    ours = regenerate.render_ids
+    with monkeypatch.context() as m:  # our render without the generation prompt: wrong
+        m.setattr(
+            regenerate,
+            "render_ids",
+            lambda t, msgs, generation_prompt: ours(t, msgs, generation_prompt=False),
+        )
+        backend = ServerBackend(server.url, MAX_NEW, expected=_expected(target), timeout_s=30)
+        _, stats = regenerate_rows(single, backend, tok, eot, 512, progress=False, markers=THINK)
+    assert not stats.errors and stats.requests == 3 and stats.prompt_mismatch == 3
+
+    other = "{{- 'Served with another template.' -}}\n" + tok.chat_template
+    with ChatServer(model_dir, tok, eot, model, chat_template=other) as served:
+        backend = ServerBackend(served.url, MAX_NEW, expected=_expected(target), timeout_s=30)
+        rows, stats = regenerate_rows(single, backend, tok, eot, 512, progress=False, markers=THINK)
+    assert not stats.errors and stats.requests == 3 and stats.prompt_mismatch == 3
+    for row, conv in zip(rows, single, strict=True):
+        text = tok.apply_chat_template(
+            conv["messages"][:1], chat_template=other, tokenize=False, add_generation_prompt=True
+        )
+        assert text.startswith("Served with another template.")
+        assert row.context == tok.encode(text, add_special_tokens=False)
 
 
 def test_server_failures_are_counted_never_empty_answers(target, convs, server):

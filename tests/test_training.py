@@ -39,7 +39,8 @@ FAULT_ENV = "EAGLE3_FAULT_TRAIN_FAIL_AFTER_STEPS"
 def make_training_data(workdir: Path, *overrides: str) -> None:
     """Run the prepare and extract stages in ``workdir`` (which holds conf/ and the
     target stage's data/target/)."""
-    from eagle3_pipeline.stages import extract, prepare
+    import eagle3_pipeline.stages.extract as extract
+    import eagle3_pipeline.stages.prepare as prepare
 
     old = os.getcwd()
     os.chdir(workdir)
@@ -205,18 +206,33 @@ def test_killed_run_resumes_and_the_draft_learns(kimi_data: Path, run_in, monkey
 
 
 def _expect_refusal(overrides: list[str], match: str) -> None:
+    """The train stage's plan refuses a config that composed: a refusal when composing
+    fails here, outside ``pytest.raises``, instead of being credited to the plan."""
     from eagle3_pipeline.train.errors import TrainingError
     from eagle3_pipeline.train.plan import plan_training
 
+    cfg = load_config([*REDUCED, *overrides])
     with pytest.raises((ConfigError, TrainingError), match=match):
-        plan_training(load_config([*REDUCED, *overrides]))
+        plan_training(cfg)
 
 
 def test_refuses_bad_settings(kimi_data: Path, run_in) -> None:
-    run_in(kimi_data)
-    _expect_refusal(["train.draft_vocab_size=4096"], "larger than the target vocabulary")
-    _expect_refusal(["train.speculative_tokens=0"], "speculative_tokens=0 must be >= 1")
-    _expect_refusal(["train.draft.hidden_size=256"], "differs from the target's hidden size")
+    """What only the target rules out is refused by the plan, naming the target's figure
+    (draft.shape.check_train_config); a bound of the schema is refused when composing."""
+    work = run_in(kimi_data)
+    spec = json.loads((work / "data/target/target.json").read_text())
+    _expect_refusal(
+        ["train.draft_vocab_size=4096"],
+        rf"^train\.draft_vocab_size=4096 is larger than the target vocabulary "
+        rf"\({spec['vocab_size']} tokens\)$",
+    )
+    _expect_refusal(
+        ["train.draft.hidden_size=256"],
+        rf"^train\.draft\.hidden_size=256 differs from the target's hidden size "
+        rf"{spec['hidden_size']}:",
+    )
+    with pytest.raises(ConfigError, match=r"train\.speculative_tokens=0 must be >= 1"):
+        load_config([*REDUCED, "train.speculative_tokens=0"])
 
 
 @pytest.mark.parametrize(
