@@ -28,8 +28,46 @@ MODEL_FIXTURES = frozenset(
     {"tiny_target", "tiny_llama_target", "validate_workdir", "tiny_qwen3_moe"}
 )
 
+# The files that take longest (seconds measured on 2 cores, one process): pytest-xdist's
+# ``--dist loadfile`` hands each worker whole files in collection order, so these go first
+# and the workers finish together instead of one starting the longest file last. A file not
+# listed weighs 0 and keeps its place; a stale figure only costs balance, never a result.
+FILE_SECONDS = {
+    "test_pipeline_dvc.py": 1500,
+    "test_real_model.py": 600,
+    "test_online.py": 450,
+    "test_validate.py": 400,
+    "test_vllm_real.py": 300,
+    "test_vllm_compat.py": 300,
+    "test_integrity.py": 250,
+    "test_gpu_proof.py": 150,
+}
+
+# At most this many workers under ``-n auto``: each may hold a vLLM server and a model.
+MAX_WORKERS = 4
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0))))
+
+
+def _share_cores() -> None:
+    """Under pytest-xdist, each worker's torch (and the stages and servers it starts, which
+    inherit the environment) gets its share of the cores: OpenMP's spinning threads, two
+    per process on two cores shared by two workers, would otherwise steal each other's time."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers and "OMP_NUM_THREADS" not in os.environ:
+        cores = len(os.sched_getaffinity(0))
+        os.environ["OMP_NUM_THREADS"] = str(max(1, cores // int(workers)))
+
+
+_share_cores()
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(
+        key=lambda item: -FILE_SECONDS.get(item.path.name, 0)
+    )  # stable: order kept within a file
     for item in items:
         if item.get_closest_marker("slow") or item.get_closest_marker("integration"):
             continue
