@@ -134,6 +134,7 @@ def main() -> None:
     from eagle3_pipeline.core.config import load_config
     from eagle3_pipeline.extract.batch_plan import plan_batches
     from eagle3_pipeline.extract.hf_backend import extract_hf
+    from eagle3_pipeline.extract.view import ExtractInputs
     from eagle3_pipeline.targets.adapter import load_target_spec
     from eagle3_pipeline.targets.loading import load_language_model
 
@@ -164,7 +165,7 @@ def main() -> None:
         ser_s, ser_bytes = bare_serialize(rows, n_layers, spec.hidden_size, fsync=True)
         del lm
 
-        m = extract_hf(cfg, progress=False)
+        m = extract_hf(ExtractInputs.from_config(cfg), progress=False)
         stage_tps = m.tokens_per_s
         bare = {"forward": tokens / fwd_s, "serialize": tokens / ser_s}
         slower = min(bare.values())

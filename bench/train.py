@@ -44,10 +44,11 @@ def main() -> None:
     from eagle3_pipeline.train.loop import DraftTrainer, _RunCounters
     from eagle3_pipeline.train.plan import plan_training
     from eagle3_pipeline.train.prefetch import prefetch
+    from eagle3_pipeline.train.view import TrainInputs
 
     cfg = load_config(["train.tokens_per_step=1024", "train.hidden_noise=0.05", *args.overrides])
-    plan = plan_training(cfg)
-    ours = DraftTrainer(cfg, plan, Dist(), progress=False)
+    plan = plan_training(TrainInputs.from_config(cfg))
+    ours = DraftTrainer(TrainInputs.from_config(cfg), plan, Dist(), progress=False)
     # speculators' stock path: its Trainer, and the draft with its own attention for the
     # device (sdpa: flex attention has no CPU backward; on CUDA both use flex attention)
     stock = (
@@ -62,7 +63,12 @@ def main() -> None:
             ]
         )
     )
-    other = DraftTrainer(stock, plan_training(stock), Dist(), progress=False)
+    other = DraftTrainer(
+        TrainInputs.from_config(stock),
+        plan_training(TrainInputs.from_config(stock)),
+        Dist(),
+        progress=False,
+    )
     all_batches = ours.epoch_batches(ours.train_ds, 0)
     need = args.steps * args.trials + 1
     while len(all_batches) < need:

@@ -52,9 +52,9 @@ def test_no_code_dep_is_a_module_the_stage_never_runs(stage: str) -> None:
     assert not extra, f"stage {stage} depends on modules it never runs: {extra}"
 
 
-def test_code_deps_are_what_eagle3_graph_generates() -> None:
+def test_code_deps_and_params_are_what_eagle3_graph_generates() -> None:
     text = (ROOT / "dvc.yaml").read_text(encoding="utf-8")
-    assert render(text) == text, "dvc.yaml's code deps are stale: run eagle3-graph"
+    assert render(text) == text, "dvc.yaml's code deps or params are stale: run eagle3-graph"
     proc = subprocess.run(
         [sys.executable, "-m", "eagle3_pipeline.tools.graph", "--check"],
         cwd=ROOT,
@@ -75,6 +75,13 @@ def test_code_deps_are_what_eagle3_graph_generates() -> None:
                 "    deps:\n", "    deps:\n      - src/eagle3_pipeline/tools/fetch\n", 1
             ),
             "extra",
+        ),
+        # a key preflight's view declares, dropped from its params (the first stage listed)
+        (lambda t: t.replace("      - hardware.gpu_memory_mib\n", "", 1), "param missing"),
+        # a key preflight's view does not list as such, added to its params
+        (
+            lambda t: t.replace("    params:\n", "    params:\n      - data.name\n", 1),
+            "param extra",
         ),
     ],
 )

@@ -225,7 +225,7 @@ def test_the_plan_counts_the_tiny_qwen3_moe_it_builds(tiny_qwen3_moe):
     """The plan's config (from the shape, nothing built) and weight count match the model."""
     from eagle3_pipeline.core.config import load_config
     from eagle3_pipeline.plan.target_info import load_target
-    from eagle3_pipeline.plan.weights import estimate_target_weights
+    from eagle3_pipeline.tools.plan.weights import estimate_target_weights
 
     planned = load_target(load_config(["model=tiny_qwen3_moe"], conf_dir=REPO / "conf").model)
     metrics = json.loads((tiny_qwen3_moe / "metrics/details/target.json").read_text())

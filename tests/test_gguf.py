@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from eagle3_pipeline.core.config import ConfigError, GgufSourceConfig, load_config
+from eagle3_pipeline.preflight.view import PreflightInputs
 
 REPO = Path(__file__).resolve().parents[1]
 SMOLLM = ("model=smollm2_135m",)
@@ -130,14 +131,14 @@ def test_gguf_fingerprint_follows_the_file(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     f = write_gguf(tmp_path / "model.gguf")
     cfg = load_config([*SMOLLM, f"model.gguf.path={f}"], conf_dir=REPO / "conf")
-    check, fp = check_target_files(cfg)
+    check, fp = check_target_files(PreflightInputs.from_config(cfg))
     assert check.passed and fp is not None and fp["kind"] == "gguf"
     assert list(fp["files"]) == ["model.gguf"]
     f.write_bytes(f.read_bytes() + b"\0" * 8)  # changed in place: another fingerprint
-    _, fp2 = check_target_files(cfg)
+    _, fp2 = check_target_files(PreflightInputs.from_config(cfg))
     assert fp2 is not None and fp2["files"] != fp["files"]
     f.unlink()
-    check, fp = check_target_files(cfg)
+    check, fp = check_target_files(PreflightInputs.from_config(cfg))
     assert not check.passed and fp is None and "eagle3-fetch smollm2_135m" in check.problems[0]
 
 

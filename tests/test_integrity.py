@@ -20,6 +20,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from eagle3_pipeline.core.config import Config
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -184,17 +186,22 @@ def test_a_failed_stage_gets_its_last_successful_uncached_outputs_back(
         state.write_text("s2")
         raise StageError("refused")
 
-    run_stage("train", "", good, [])
+    run_stage("train", "", _whole, good, [])
     details.unlink()
     headline.unlink()  # what DVC does before it reruns the stage
     with pytest.raises(SystemExit) as exc:
-        run_stage("train", "", bad, [])
+        run_stage("train", "", _whole, bad, [])
     assert exc.value.code == 1
     assert details.read_text() == '{"steps": 7}' and headline.read_text() == '{"step": 7}'
     assert state.read_text() == "s2"  # resume state is the stage's own
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == "error: train: refused"
     assert any("dvc checkout train" in ln for ln in err)
+
+
+def _whole(cfg: Config) -> Config:
+    """A stage body's view here: the whole config (the bodies below read none of it)."""
+    return cfg
 
 
 def test_a_crash_that_is_a_bug_restores_too(tmp_path: Path, monkeypatch) -> None:
@@ -211,9 +218,9 @@ def test_a_crash_that_is_a_bug_restores_too(tmp_path: Path, monkeypatch) -> None
         details.unlink()
         raise ZeroDivisionError
 
-    run_stage("train", "", good, [])
+    run_stage("train", "", _whole, good, [])
     with pytest.raises(ZeroDivisionError):
-        run_stage("train", "", crash, [])
+        run_stage("train", "", _whole, crash, [])
     assert details.read_text() == "v1"
 
 
@@ -248,8 +255,8 @@ def test_the_same_training_in_two_clones_gives_byte_identical_drafts(
     try:
         os.chdir(a)
         cfg = load_config([*data, *steps])
-        prepare.run(cfg, progress=False)
-        extract.run(cfg)
+        prepare.run(prepare.INPUTS.from_config(cfg), progress=False)
+        extract.run(extract.INPUTS.from_config(cfg))
         shutil.copytree(a, b, symlinks=True)  # the same inputs, in another clone
         for clone in (a, b):
             os.chdir(clone)
@@ -290,6 +297,7 @@ def test_the_reload_finds_a_target_named_relative_to_the_draft(
 def test_the_regeneration_key_follows_content_not_mtimes(tiny_target: Path, tmp_path: Path) -> None:
     from eagle3_pipeline.core.config import load_config
     from eagle3_pipeline.data.prepare import target_content
+    from eagle3_pipeline.data.view import PrepareInputs
 
     cfg = load_config([f"paths.cache={tmp_path / 'cache'}"], conf_dir=str(ROOT / "conf"))
     a = tmp_path / "a"
@@ -297,12 +305,16 @@ def test_the_regeneration_key_follows_content_not_mtimes(tiny_target: Path, tmp_
     time.sleep(0.01)
     b = tmp_path / "b"
     shutil.copytree(a, b, copy_function=shutil.copy)  # new inodes and mtimes, same bytes
-    assert target_content(cfg, a) == target_content(cfg, b)
+    assert target_content(PrepareInputs.from_config(cfg), a) == target_content(
+        PrepareInputs.from_config(cfg), b
+    )
     weights = next(b.glob("*.safetensors"))
     data = bytearray(weights.read_bytes())
     data[-1] ^= 1
     weights.write_bytes(bytes(data))
-    assert target_content(cfg, a) != target_content(cfg, b)
+    assert target_content(PrepareInputs.from_config(cfg), a) != target_content(
+        PrepareInputs.from_config(cfg), b
+    )
 
 
 # --------------------------------------------------------------------------- 7. floods

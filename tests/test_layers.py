@@ -253,7 +253,7 @@ def test_the_parser_finds_lazy_type_checking_and_relative_imports() -> None:
         "    from eagle3_pipeline.train.loop import DraftTrainer\n"
         "def f():\n"
         "    import eagle3_pipeline.validate.report\n"
-        "    from eagle3_pipeline.plan import plan\n"
+        "    from eagle3_pipeline.plan import resources\n"
     )
     found = [
         (n, line) for n, line in _imports(f"{PKG}.targets.resolve", source) if n.startswith(PKG)
@@ -263,7 +263,7 @@ def test_the_parser_finds_lazy_type_checking_and_relative_imports() -> None:
         (f"{PKG}.core.io", 3),
         (f"{PKG}.train.loop", 5),
         (f"{PKG}.validate.report", 7),
-        (f"{PKG}.plan.plan", 8),
+        (f"{PKG}.plan.resources", 8),
     ]
 
 

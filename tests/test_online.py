@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 
 from eagle3_pipeline.core.config import ConfigError, load_config
+from eagle3_pipeline.extract.view import ExtractInputs
+from eagle3_pipeline.train.view import TrainInputs
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = [
@@ -105,8 +107,8 @@ def test_online_extract_writes_only_the_manifest(tiny_target: Path, tmp_path: Pa
     os.chdir(work)
     try:
         cfg = load_config([*DATA, "train.samples=12"])
-        prepare.run(cfg, progress=False)
-        extract.run(cfg)  # offline (hf) first: files to be replaced
+        prepare.run(prepare.INPUTS.from_config(cfg), progress=False)
+        extract.run(extract.INPUTS.from_config(cfg))  # offline (hf) first: files to be replaced
         hs = work / "data/hidden_states"
         assert len(list(hs.glob("hs_*.safetensors"))) > 0
         before = sorted(p.name for p in hs.iterdir())
@@ -115,10 +117,10 @@ def test_online_extract_writes_only_the_manifest(tiny_target: Path, tmp_path: Pa
             [*DATA, "train.samples=12", "extract.mode=online", "hardware.serving.max_model_len=16"]
         )
         with pytest.raises(ConfigError, match="does not fit vLLM's max_model_len 16"):
-            extract.run(short)
+            extract.run(ExtractInputs.from_config(short))
         assert sorted(p.name for p in hs.iterdir()) == before
         cfg = load_config([*DATA, "train.samples=12", "extract.mode=online"])
-        extract.run(cfg)
+        extract.run(extract.INPUTS.from_config(cfg))
         assert sorted(p.name for p in hs.iterdir()) == ["manifest.json"]
         manifest = json.loads((hs / "manifest.json").read_text())
         assert manifest["mode"] == "online" and manifest["backend"] == "vllm"
@@ -133,10 +135,10 @@ def test_online_extract_writes_only_the_manifest(tiny_target: Path, tmp_path: Pa
         assert details["mode"] == "online" and details["samples_written"] == 0
         assert details["offline_files_removed"] > 0
         cfg = load_config([*DATA, "train.samples=12", *TRAIN])
-        plan = plan_training(cfg)
+        plan = plan_training(TrainInputs.from_config(cfg))
         assert plan.online is not None and plan.online.dtype == "float32"
         with pytest.raises(TrainingError, match="EAGLE3_ONLINE_URL"):
-            DraftTrainer(cfg, plan, Dist(), progress=False)
+            DraftTrainer(TrainInputs.from_config(cfg), plan, Dist(), progress=False)
     finally:
         os.chdir(old)
 

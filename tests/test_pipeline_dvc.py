@@ -78,7 +78,7 @@ def _plan(cwd: Path, out: Path) -> dict:
         cwd,
         sys.executable,
         "-m",
-        "eagle3_pipeline.plan.plan",
+        "eagle3_pipeline.tools.plan.cli",
         "--params",
         "params.yaml",
         "--out",

@@ -13,14 +13,15 @@ import pytest
 from machines import cfg_for
 from record_samples import extract_record, prepare_record, train_record
 
-import eagle3_pipeline.plan.plan as plan
-import eagle3_pipeline.plan.weights as weights
+import eagle3_pipeline.tools.plan.cli as plan
+import eagle3_pipeline.tools.plan.weights as weights
 from eagle3_pipeline.core.config import Config, ConfigError
 from eagle3_pipeline.core.metrics import details_path
 from eagle3_pipeline.core.records import Record
 from eagle3_pipeline.plan import resources, target_info
 from eagle3_pipeline.preflight.hardware import TorchView
 from eagle3_pipeline.preflight.run import run_preflight
+from eagle3_pipeline.preflight.view import PreflightInputs
 from eagle3_pipeline.runtime.gpu import MemoryReader
 
 REPO = Path(__file__).resolve().parents[1]
@@ -278,7 +279,7 @@ def test_plan_and_preflight_share_the_disk_estimate(tmp_path):
     cfg = cfg_for(tmp_path, *KIMI)
     p = plan.build_plan(cfg, free_fn=lambda _: PLENTY)
     pf = run_preflight(
-        cfg,
+        PreflightInputs.from_config(cfg),
         reader=MemoryReader([]),
         env={},
         torch_probe=lambda: TorchView("2.14.1", "12.8", 0),
@@ -293,7 +294,7 @@ def test_cli_kimi_plan_prints_and_writes(tmp_path):
         [
             sys.executable,
             "-m",
-            "eagle3_pipeline.plan.plan",
+            "eagle3_pipeline.tools.plan.cli",
             *KIMI,
             "train.samples=1000",
             f"data_dir={tmp_path / 'data'}",

@@ -16,6 +16,7 @@ from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.preflight.hardware import TorchView
 from eagle3_pipeline.preflight.result import render_preflight
 from eagle3_pipeline.preflight.run import run_preflight
+from eagle3_pipeline.preflight.view import PreflightInputs
 from eagle3_pipeline.runtime.gpu import (
     GpuInfo,
     GpuProcess,
@@ -57,7 +58,7 @@ def run(cfg: Config, gpus: list[GpuInfo], env: dict[str, str] | None = None, **k
     kw.setdefault("free_fn", lambda p: PLENTY)
     kw.setdefault("versions", dict(VERSIONS))
     kw.setdefault("vllm_probe", vllm_build(cfg.hardware.device == "cpu"))
-    return run_preflight(cfg, reader=MemoryReader(gpus), env=env, **kw)
+    return run_preflight(PreflightInputs.from_config(cfg), reader=MemoryReader(gpus), env=env, **kw)
 
 
 def failed(result) -> dict[str, list[str]]:
@@ -321,7 +322,7 @@ def test_cpu_mode_passes_for_the_cpu_profile(
         return [CPU_ATTN for _ in queries]
 
     res = run_preflight(
-        cfg_for(tmp_path),
+        PreflightInputs.from_config(cfg_for(tmp_path)),
         env={},
         open_nvml=_no_driver,
         free_fn=lambda p: PLENTY,
@@ -351,7 +352,11 @@ def test_cpu_mode_passes_with_the_real_vllm_environment(tmp_path: Path) -> None:
     """The same, with the installed vLLM environment probed: the CPU build, its CLI
     answering, and its own attention selector asked about the draft's head."""
     res = run_preflight(
-        cfg_for(tmp_path), env={}, open_nvml=_no_driver, free_fn=lambda p: PLENTY, versions=VERSIONS
+        PreflightInputs.from_config(cfg_for(tmp_path)),
+        env={},
+        open_nvml=_no_driver,
+        free_fn=lambda p: PLENTY,
+        versions=VERSIONS,
     )
     assert res.passed, [c.problems for c in res.checks if not c.passed]
     vllm = res.metrics.vllm
@@ -389,7 +394,7 @@ def test_a_head_size_vllm_refuses_is_refused_by_preflight_in_one_line(
 def test_cpu_mode_fails_when_the_profile_expects_gpus(tmp_path):
     cfg = cfg_for(tmp_path, "hardware=rtx_pro_6000_x8")
     res = run_preflight(
-        cfg,
+        PreflightInputs.from_config(cfg),
         env={},
         open_nvml=_no_driver,
         free_fn=lambda p: PLENTY,
@@ -505,9 +510,12 @@ def test_an_mla_draft_vllms_cpu_kernel_cannot_run_is_refused_before_training(
 
     cfg = cfg_for(tmp_path, "train.draft.layer_type=mla")
     shape = DraftShape("mla", 1, 128, 4, 4, 96, 256, 1e-6, 1024, MlaDims(64, 512, 32, 64, 32))
-    assert mla_draft_problem(cfg, shape) is None
+    assert mla_draft_problem(PreflightInputs.from_config(cfg), shape) is None
     narrow = dataclasses.replace(shape, mla=MlaDims(None, 256, 32, 32, 32))
-    problem = mla_draft_problem(cfg, narrow)
+    problem = mla_draft_problem(PreflightInputs.from_config(cfg), narrow)
     assert problem is not None and problem.startswith("train.draft.layer_type=mla:")
     assert "= 288" in problem and "takes 576 only" in problem
-    assert mla_draft_problem(cfg, dataclasses.replace(shape, mla=None)) is None
+    assert (
+        mla_draft_problem(PreflightInputs.from_config(cfg), dataclasses.replace(shape, mla=None))
+        is None
+    )

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from eagle3_pipeline.core.config import ConfigError, TrainConfig, load_config
+from eagle3_pipeline.preflight.view import PreflightInputs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -166,7 +167,7 @@ def test_an_option_the_installed_vllm_does_not_read_is_refused_at_preflight():
     old = VllmProbe(
         python="py", version="0.30.0+cpu", cpu_build=True, eagle3_options=["norm_before_fc"]
     )
-    check = check_vllm(cfg, old)
+    check = check_vllm(PreflightInputs.from_config(cfg), old)
     assert not check.passed and len(check.problems) == 1
     assert check.problems[0].startswith("train.draft.norm_output=true: vLLM 0.30.0+cpu")
     new = VllmProbe(
@@ -175,9 +176,9 @@ def test_an_option_the_installed_vllm_does_not_read_is_refused_at_preflight():
         cpu_build=True,
         eagle3_options=["norm_before_fc", "fc_norm", "norm_output"],
     )
-    assert check_vllm(cfg, new).passed
+    assert check_vllm(PreflightInputs.from_config(cfg), new).passed
     plain = load_config(
         ["train.draft.norm_before_fc=false", "train.draft.norm_output=false"],
         conf_dir=REPO / "conf",
     )
-    assert check_vllm(plain, old).passed  # none asked
+    assert check_vllm(PreflightInputs.from_config(plain), old).passed  # none asked

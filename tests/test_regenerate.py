@@ -27,6 +27,7 @@ from eagle3_pipeline.data.regenerate import (
 )
 from eagle3_pipeline.data.regenerate_hf import HFBackend
 from eagle3_pipeline.data.regenerate_server import ServerBackend, ServerUnavailable
+from eagle3_pipeline.data.view import PrepareInputs
 from eagle3_pipeline.serving.identity import ExpectedModel, ServerIdentityError, expected_model
 from eagle3_pipeline.targets.tiny import REASONING_MARKERS, load_target_model
 
@@ -474,10 +475,17 @@ def test_stage_regenerates_through_the_server_backend(tiny_target, server, tmp_p
     cfg = load_config(
         [*common, "data.regenerate_backend=server", f"data.server.base_url={server.url}"]
     )
-    m = prepare(cfg, progress=False)
+    m = prepare(PrepareInputs.from_config(cfg), progress=False)
     assert m.regenerate is True and m.backend == "server" and m.errors == {}
     assert m.regeneration["requests"] == m.rows >= 4
-    server_rows = load_from_disk(str(prepared_dir(cfg))).with_format(None)[:]
-    m2 = prepare(load_config(common), progress=False)  # hf: a separate cache, same tokens
+    server_rows = load_from_disk(str(prepared_dir(PrepareInputs.from_config(cfg)))).with_format(
+        None
+    )[:]
+    m2 = prepare(
+        PrepareInputs.from_config(load_config(common)), progress=False
+    )  # hf: a separate cache, same tokens
     assert m2.backend == "hf" and m2.regeneration["cached"] == 0
-    assert load_from_disk(str(prepared_dir(cfg))).with_format(None)[:] == server_rows
+    assert (
+        load_from_disk(str(prepared_dir(PrepareInputs.from_config(cfg)))).with_format(None)[:]
+        == server_rows
+    )

@@ -31,6 +31,7 @@ from eagle3_pipeline.data.pinned import PinnedFileError, data_file
 from eagle3_pipeline.data.prepare import no_conversation_message
 from eagle3_pipeline.data.regenerate import Generation, GenerationCache, Request, regenerate_rows
 from eagle3_pipeline.data.source_size import count_records
+from eagle3_pipeline.preflight.view import PreflightInputs
 
 FIXTURE = Path(__file__).parent / "fixtures" / "sharegpt" / "truncated.json"
 CUT_AT = 1309  # the byte where the fixture's last (cut) record starts
@@ -223,7 +224,7 @@ def test_prepare_and_preflight_refuse_a_wrong_pinned_file(in_dir, capsys):
     p = in_dir / "sg.json"
     shutil.copy(FIXTURE, p)
     args = ["data=sharegpt", f"data.path={p}"]  # the pinned digest is the real file's
-    check, _ = check_data_file(load_config(args))
+    check, _ = check_data_file(PreflightInputs.from_config(load_config(args)))
     assert not check.passed and "eagle3-fetch sharegpt" in check.problems[0]
     for extra in ([], [f"data.path={in_dir / 'absent.json'}"]):
         with pytest.raises(SystemExit) as exc:

@@ -18,6 +18,7 @@ import torch
 
 from eagle3_pipeline.core.choices import Device, Parallel
 from eagle3_pipeline.core.config import ConfigError, load_config, validate
+from eagle3_pipeline.train.view import TrainInputs
 
 # A reduced config: a few dozen rows, short sequences, small packs, a small draft vocab.
 REDUCED = [
@@ -46,8 +47,8 @@ def make_training_data(workdir: Path, *overrides: str) -> None:
     os.chdir(workdir)
     try:
         cfg = load_config([*DATA, *overrides])
-        prepare.run(cfg, progress=False)
-        extract.run(cfg)
+        prepare.run(prepare.INPUTS.from_config(cfg), progress=False)
+        extract.run(extract.INPUTS.from_config(cfg))
     finally:
         os.chdir(old)
 
@@ -213,7 +214,7 @@ def _expect_refusal(overrides: list[str], match: str) -> None:
 
     cfg = load_config([*REDUCED, *overrides])
     with pytest.raises((ConfigError, TrainingError), match=match):
-        plan_training(cfg)
+        plan_training(TrainInputs.from_config(cfg))
 
 
 def test_refuses_bad_settings(kimi_data: Path, run_in) -> None:
@@ -376,7 +377,7 @@ def _check_multiprocess_run(work: Path, args: list[str], parallel: str) -> dict[
         assert rec["rows_on_several_ranks"] == 0
         assert rec["rows_seen"] == len(rows[0] | rows[1]) <= rec["train_rows"]
 
-    p = plan_training(load_config(args))
+    p = plan_training(TrainInputs.from_config(load_config(args)))
     from eagle3_pipeline.draft.shape import estimate_parameters
 
     assert (
@@ -389,7 +390,10 @@ def _check_multiprocess_run(work: Path, args: list[str], parallel: str) -> dict[
         )[0]
         == m["trainable_parameters"]
     )
-    assert choose_parallel(load_config(args), p.shape, p.spec, 2)[0] == parallel
+    assert (
+        choose_parallel(TrainInputs.from_config(load_config(args)), p.shape, p.spec, 2)[0]
+        == parallel
+    )
     assert (work / "dvclive/train/plots/images/curves.png").is_file()
     cfg = json.loads((work / "data/draft/config.json").read_text())
     assert cfg["eagle_aux_hidden_state_layer_ids"] == p.spec.aux_layer_ids
@@ -459,17 +463,22 @@ def test_parallel_mode_selection() -> None:
     cfg.train.draft_vocab_size = 32000
     one = resolve_draft_shape(DraftShapeConfig(), kimi)  # H=7168: ~0.8e9 trainable
     assert 0.5e9 < estimate_parameters(one, 3, 32000, kimi.vocab_size, DraftShapeConfig())[0] < 1e9
-    assert choose_parallel(cfg, one, kimi, 8)[0] == "ddp"  # fits a GPU as a DDP replica
+    assert (
+        choose_parallel(TrainInputs.from_config(cfg), one, kimi, 8)[0] == "ddp"
+    )  # fits a GPU as a DDP replica
     shape = resolve_draft_shape(DraftShapeConfig(num_layers=3), kimi)
     trainable, frozen = estimate_parameters(
         shape, 3, 32000, kimi.vocab_size, DraftShapeConfig(num_layers=3)
     )
     assert trainable > 1e9 and frozen > 1e9
-    mode, reason = choose_parallel(cfg, shape, kimi, 8)
+    mode, reason = choose_parallel(TrainInputs.from_config(cfg), shape, kimi, 8)
     assert mode == "fsdp" and "fsdp_min_params" in reason
-    assert choose_parallel(cfg, shape, kimi, 1) == ("none", "one process")
+    assert choose_parallel(TrainInputs.from_config(cfg), shape, kimi, 1) == ("none", "one process")
     cfg.train.parallel = Parallel.ddp
-    assert choose_parallel(cfg, shape, kimi, 8) == ("ddp", "train.parallel=ddp")
+    assert choose_parallel(TrainInputs.from_config(cfg), shape, kimi, 8) == (
+        "ddp",
+        "train.parallel=ddp",
+    )
 
     llama = _spec(
         hidden_size=4096,
@@ -484,25 +493,28 @@ def test_parallel_mode_selection() -> None:
     small = resolve_draft_shape(DraftShapeConfig(), llama)
     cfg = Config()
     cfg.train.draft_vocab_size = 32000
-    mode, reason = choose_parallel(cfg, small, llama, 8)
+    mode, reason = choose_parallel(TrainInputs.from_config(cfg), small, llama, 8)
     assert mode == "ddp" and "trainable parameters" in reason
     cfg.hardware.device, cfg.hardware.gpu_memory_mib = Device.cuda, 8192  # the replica won't fit
-    mode, reason = choose_parallel(cfg, small, llama, 8)
+    mode, reason = choose_parallel(TrainInputs.from_config(cfg), small, llama, 8)
     assert mode == "fsdp" and "gpu_memory_mib=8192" in reason
     cfg.hardware.gpu_memory_mib = 141 * 1024
-    assert choose_parallel(cfg, small, llama, 8)[0] == "ddp"
+    assert choose_parallel(TrainInputs.from_config(cfg), small, llama, 8)[0] == "ddp"
     cfg.train.fsdp_min_params = 100_000_000
-    assert choose_parallel(cfg, small, llama, 8)[0] == "fsdp"
+    assert choose_parallel(TrainInputs.from_config(cfg), small, llama, 8)[0] == "fsdp"
 
     assert dist_backend("cuda") == "nccl" and dist_backend("cpu") == "gloo"
     cfg = Config()
     cfg.train.nproc = 2
-    rt = resolve_runtime(cfg)
+    rt = resolve_runtime(TrainInputs.from_config(cfg))
     assert rt.device == "cpu" and rt.world_size == 2 and rt.launched
     cfg.train.nproc = None
-    assert not resolve_runtime(cfg).launched
+    assert not resolve_runtime(TrainInputs.from_config(cfg)).launched
     cfg.hardware.device, cfg.hardware.gpu_count = Device.cuda, 1
-    assert resolve_runtime(cfg).launched and resolve_runtime(cfg).world_size == 1
+    assert (
+        resolve_runtime(TrainInputs.from_config(cfg)).launched
+        and resolve_runtime(TrainInputs.from_config(cfg)).world_size == 1
+    )
     cfg.train.nproc = 4  # refused when the config is composed (tests/test_config.py)
     with pytest.raises(ConfigError, match="exceeds hardware.gpu_count=1"):
         validate(cfg)
@@ -654,9 +666,11 @@ def test_an_mla_draft_trains_and_a_warm_start_takes_its_weights_exactly(
 
     warm = [*mla, f"train.init_from={work / 'source'}"]
     config = load_config(warm)
-    plan = plan_training(config)
+    plan = plan_training(TrainInputs.from_config(config))
     assert plan.init is not None and plan.init.format == "mla"
-    model = DraftTrainer(config, plan, init_distributed("cpu"), progress=False).model
+    model = DraftTrainer(
+        TrainInputs.from_config(config), plan, init_distributed("cpu"), progress=False
+    ).model
     source = load_trained_draft(work / "source", work / "data/target/model")
     want = source.state_dict()
     for name, tensor in model.state_dict().items():
@@ -726,10 +740,12 @@ def test_a_warm_start_from_an_original_eagle3_repository(kimi_data: Path, run_in
     )
     shutil.rmtree(work / "data/train_state")
     config = load_config([*plain, f"train.init_from={original}"])
-    plan = plan_training(config)
+    plan = plan_training(TrainInputs.from_config(config))
     assert plan.init is not None and plan.init.format == "eagle3"
     assert plan.init_dir == Path("data/train_state/init_converted")
-    model = DraftTrainer(config, plan, init_distributed("cpu"), progress=False).model
+    model = DraftTrainer(
+        TrainInputs.from_config(config), plan, init_distributed("cpu"), progress=False
+    ).model
     state = model.state_dict()
     for name, tensor in weights.items():
         torch.testing.assert_close(state[name], tensor, rtol=0, atol=0, msg=name)

@@ -181,9 +181,14 @@ class ModelConfig:
 
     @property
     def built_here(self) -> bool:
-        """The target stage writes the checkpoint itself into ``paths.target``/model (tiny:
-        built and trained; gguf: converted); otherwise it only describes one elsewhere."""
-        return self.tiny is not None or self.gguf is not None
+        """:func:`built_here` of this target."""
+        return built_here(self.tiny, self.gguf)
+
+
+def built_here(tiny: TinyModelConfig | None, gguf: GgufSourceConfig | None) -> bool:
+    """The target stage writes the checkpoint itself into ``paths.target``/model (tiny:
+    built and trained; gguf: converted); otherwise it only describes one elsewhere."""
+    return tiny is not None or gguf is not None
 
 
 @dataclass
@@ -558,12 +563,14 @@ class Config:
     validate: ValidateConfig = field(default_factory=ValidateConfig)
     vllm: VllmConfig = field(default_factory=VllmConfig)
 
-    def validate_runtime(self) -> tuple[str, str]:
-        """The validate stage's device and dtype (float32 on CPU, where losslessness is
-        checked exactly); preflight asks vLLM about the same dtype."""
-        v = self.validate
-        device = v.device or self.hardware.device
-        return device, v.dtype or ("float32" if device == "cpu" else self.model.dtype)
+
+def validate_runtime(
+    device: str | None, dtype: str | None, hardware_device: str, model_dtype: str
+) -> tuple[str, str]:
+    """The validate stage's device and dtype (``validate.device``/``dtype``; null: float32
+    on CPU, where losslessness is checked exactly); preflight asks vLLM about the same."""
+    device = device or hardware_device
+    return device, dtype or ("float32" if device == "cpu" else model_dtype)
 
 
 def register_schema() -> None:

@@ -24,36 +24,61 @@ not a choice between drafts.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.core.io import atomic_write_json
 from eagle3_pipeline.core.records import Record
 
 R = TypeVar("R", bound=Record)
 
 
-def details_path(cfg: Config, stage: str) -> Path:
+class _DetailsDir(Protocol):
+    @property
+    def details(self) -> str: ...
+
+
+class HasDetails(Protocol):
+    """What the details' functions read: ``paths.details`` (a stage's view, or the whole
+    config for a tool)."""
+
+    @property
+    def paths(self) -> _DetailsDir: ...
+
+
+class HasMetrics(HasDetails, Protocol):
+    """And where a stage without dvclive writes its headline: ``metrics_dir``."""
+
+    @property
+    def metrics_dir(self) -> str: ...
+
+
+def details_path(cfg: HasDetails, stage: str) -> Path:
     """Every figure of ``stage``: what code and the plan read."""
     return Path(cfg.paths.details) / f"{stage}.json"
 
 
-def headline_path(cfg: Config, record: type[Record]) -> Path:
-    """The metrics file DVC shows for the stage that writes ``record``."""
+def headline_path(cfg: HasMetrics, record: type[Record]) -> Path:
+    """The metrics file DVC shows for a stage without dvclive (train's and validate's
+    headline is dvclive's summary, written by their ``live`` modules)."""
     if record.HEADLINE_IN_DVCLIVE:
-        return Path(cfg.paths.live) / record.STAGE / "metrics.json"
+        raise ValueError(f"{record.STAGE}'s headline is dvclive's summary, not {cfg.metrics_dir}")
     return Path(cfg.metrics_dir) / f"{record.STAGE}.json"
 
 
-def write_stage_metrics(cfg: Config, record: Record, name: str | None = None) -> None:
-    """Details first (as ``name``, default the record's stage), then, for a stage without
-    dvclive, the headline copied from them."""
+def write_details(cfg: HasDetails, record: Record, name: str | None = None) -> None:
+    """The details, as ``name`` (default the record's stage): a stage whose headline is
+    dvclive's, or that has none."""
     record.write(details_path(cfg, name or record.STAGE))
+
+
+def write_stage_metrics(cfg: HasMetrics, record: Record) -> None:
+    """Details first, then, for a stage without dvclive, the headline copied from them."""
+    write_details(cfg, record)
     if record.headline_keys() and not record.HEADLINE_IN_DVCLIVE:
         atomic_write_json(headline_path(cfg, type(record)), record.headline())
 
 
-def read_details(cfg: Config, record: type[R]) -> R | None:
+def read_details(cfg: HasDetails, record: type[R]) -> R | None:
     """An earlier run's details of the stage that writes ``record``, or None when there
     is none; :class:`~eagle3_pipeline.core.records.RecordError` when it cannot be read."""
     return record.read_if_present(details_path(cfg, record.STAGE))

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline.core.config import Config, ConfigError, DataConfig
+from eagle3_pipeline.core.config import ConfigError, DataConfig
 from eagle3_pipeline.data.record import TurnTokens
 from eagle3_pipeline.targets.chat import render_ids  # shared with validation
 
@@ -859,18 +859,3 @@ def heldout_records(convs: list[dict[str, Any]], tokenizer: Any) -> list[dict[st
 
 def heldout_jsonl(records: list[dict[str, Any]]) -> str:
     return "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in records)
-
-
-def check_data_config(cfg: Config) -> None:
-    """Checks of the prepare-specific keys (the shared validator knows the common ones)."""
-    d = cfg.data
-    if d.max_new_tokens < 1:
-        raise ConfigError(f"data.max_new_tokens={d.max_new_tokens} must be >= 1")
-    if d.generate_batch_size < 1:
-        raise ConfigError(f"data.generate_batch_size={d.generate_batch_size} must be >= 1")
-    if d.server.concurrency < 1:
-        raise ConfigError(f"data.server.concurrency={d.server.concurrency} must be >= 1")
-    if d.server.retries < 0:
-        raise ConfigError(f"data.server.retries={d.server.retries} must be >= 0")
-    if d.server.timeout_s <= 0:
-        raise ConfigError(f"data.server.timeout_s={d.server.timeout_s} must be > 0")

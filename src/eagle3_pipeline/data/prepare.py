@@ -17,13 +17,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline.core.config import Config, DataConfig
+from eagle3_pipeline.core.config import DataConfig
 from eagle3_pipeline.core.errors import StageError
 from eagle3_pipeline.core.io import atomic_write_text
 from eagle3_pipeline.data.bad_lines import write_bad_lines
 from eagle3_pipeline.data.conversations import (
     ErrorLog,
-    check_data_config,
     conversation_set_sha256,
     end_of_turn_ids,
     finalize_rows,
@@ -38,6 +37,7 @@ from eagle3_pipeline.data.conversations import (
     turn_tokens,
     write_prepared,
 )
+from eagle3_pipeline.data.view import PrepareInputs
 from eagle3_pipeline.data.pinned import PinnedFileError, data_file
 from eagle3_pipeline.data.record import PrepareRecord
 from eagle3_pipeline.targets.adapter import load_target_spec, read_json
@@ -47,15 +47,15 @@ from eagle3_pipeline.targets.tiny import REASONING_MARKERS as TINY_REASONING_MAR
 log = logging.getLogger(__name__)
 
 
-def prepared_dir(cfg: Config) -> Path:
+def prepared_dir(cfg: PrepareInputs) -> Path:
     return Path(cfg.paths.prepared)
 
 
-def heldout_path(cfg: Config) -> Path:
+def heldout_path(cfg: PrepareInputs) -> Path:
     return Path(cfg.paths.heldout) / "prompts.jsonl"
 
 
-def bad_lines_path(cfg: Config) -> Path:
+def bad_lines_path(cfg: PrepareInputs) -> Path:
     return Path(cfg.paths.bad_lines)
 
 
@@ -85,12 +85,12 @@ def no_conversation_message(d: DataConfig, n_in: int, bad: ErrorLog, report: Pat
     )
 
 
-def regenerate_cache_dir(cfg: Config) -> Path:
+def regenerate_cache_dir(cfg: PrepareInputs) -> Path:
     """Outside every DVC output on purpose: it survives a failed or re-run stage."""
     return Path(cfg.paths.cache) / "regenerate"
 
 
-def reasoning_markers(cfg: Config, model_dir: Path) -> tuple[str, ...]:
+def reasoning_markers(cfg: PrepareInputs, model_dir: Path) -> tuple[str, ...]:
     """The reasoning-block markers of the target's family (the registry's, by the target's
     ``config.json``). A tiny target speaks the tiny tokenizer's chat format whatever its
     family (:mod:`eagle3_pipeline.targets.tiny`), so its markers are that format's."""
@@ -100,7 +100,7 @@ def reasoning_markers(cfg: Config, model_dir: Path) -> tuple[str, ...]:
     return family_for_config(config).reasoning_markers
 
 
-def target_content(cfg: Config, model_dir: Path) -> dict[str, Any]:
+def target_content(cfg: PrepareInputs, model_dir: Path) -> dict[str, Any]:
     """What identifies the target's content in the regeneration cache's key: config,
     tokenizer and chat template by SHA-256, and the weights by SHA-256 too for a target
     built here (a rebuilt, identical one hits the cache) -- each shard read once, then
@@ -114,7 +114,7 @@ def target_content(cfg: Config, model_dir: Path) -> dict[str, Any]:
 
 
 def make_backend(
-    cfg: Config, spec: Any, model_dir: Path, tokenizer: Any, eot: list[int], server: Any = None
+    cfg: PrepareInputs, spec: Any, model_dir: Path, tokenizer: Any, eot: list[int], server: Any = None
 ) -> Any:
     """The regeneration backend; ``server``: the ``vllm serve`` this run started, if any
     (its per-run API key), else a server the user runs (key from ``api_key_env``)."""
@@ -157,7 +157,7 @@ def make_backend(
 
 
 def server_context(
-    cfg: Config, spec: Any, model_dir: Path
+    cfg: PrepareInputs, spec: Any, model_dir: Path
 ) -> contextlib.AbstractContextManager[Any]:
     """``vllm serve`` for the run when ``data.server.start``; else nothing to manage."""
     from eagle3_pipeline.data.regenerate_server import managed_server
@@ -178,9 +178,8 @@ def server_context(
     )
 
 
-def prepare(cfg: Config, progress: bool = True) -> PrepareRecord:
+def prepare(cfg: PrepareInputs, progress: bool = True) -> PrepareRecord:
     """Build every output in memory, then write them; return the stage's record."""
-    check_data_config(cfg)
     d = cfg.data
     t0 = time.perf_counter()
     source_file = None

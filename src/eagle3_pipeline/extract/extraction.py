@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.core.errors import StageError
 from eagle3_pipeline.extract.fingerprint import check_prepared_tokenizer, tokenizer_sha256
 from eagle3_pipeline.extract.layout import MANIFEST, output_dir, prepared_rows_dir, target_json_path
@@ -32,6 +31,7 @@ from eagle3_pipeline.extract.manifest import (
 )
 from eagle3_pipeline.extract.record import ExtractRecord
 from eagle3_pipeline.extract.rows import Rows, load_rows
+from eagle3_pipeline.extract.view import ExtractInputs
 from eagle3_pipeline.runtime.dvc_cache import release_damaged
 from eagle3_pipeline.targets.adapter import TargetSpec, load_target_spec
 
@@ -53,7 +53,7 @@ class Extraction:
     created_out: bool
 
 
-def _check_layers(spec: TargetSpec, cfg: Config) -> None:
+def _check_layers(spec: TargetSpec, cfg: ExtractInputs) -> None:
     ids = list(spec.aux_layer_ids)
     bad = [k for k in ids if not (isinstance(k, int) and 0 <= k < spec.num_layers)]
     if not ids or bad or len(set(ids)) != len(ids):
@@ -84,7 +84,7 @@ def prepare_output(out: Path) -> bool:
     return created
 
 
-def checked_target(cfg: Config) -> tuple[TargetSpec, Path, str]:
+def checked_target(cfg: ExtractInputs) -> tuple[TargetSpec, Path, str]:
     """target.json's layers, the model directory and the prepared rows' tokenizer (both
     modes check these before anything else; the extract settings were checked at
     compose); the target's spec, its directory and its tokenizer's hash."""
@@ -98,7 +98,7 @@ def checked_target(cfg: Config) -> tuple[TargetSpec, Path, str]:
     return spec, model_dir, tok_sha
 
 
-def begin(cfg: Config, backend: str) -> Extraction:
+def begin(cfg: ExtractInputs, backend: str) -> Extraction:
     """Every check that can fail before a model is loaded or a file is written."""
     spec, model_dir, tok_sha = checked_target(cfg)
     out = output_dir(cfg)
@@ -166,7 +166,7 @@ def peak_rss_bytes() -> int:
 
 
 def extract_record(
-    cfg: Config,
+    cfg: ExtractInputs,
     spec: TargetSpec,
     rows: Rows,
     *,

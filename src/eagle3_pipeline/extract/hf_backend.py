@@ -13,7 +13,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.extract.batch_plan import plan_batches, rank_batches
 from eagle3_pipeline.extract.extraction import (
     Extraction,
@@ -25,6 +24,7 @@ from eagle3_pipeline.extract.extraction import (
 )
 from eagle3_pipeline.extract.manifest import write_manifest
 from eagle3_pipeline.extract.record import ExtractPlan, ExtractRecord
+from eagle3_pipeline.extract.view import ExtractInputs
 from eagle3_pipeline.extract.writer import FAULT_NAME, BatchWriter, Timings
 from eagle3_pipeline.runtime.faults import fault_after
 from eagle3_pipeline.targets.capture import Capture, check_capture, forward_batch, pad_id
@@ -46,7 +46,7 @@ class Work:
         return [i for _, b in self.todo for i in b if i not in self.done]
 
 
-def plan_work(ex: Extraction, cfg: Config) -> Work:
+def plan_work(ex: Extraction, cfg: ExtractInputs) -> Work:
     """Resume by batch: a batch whose every row has a complete file is skipped; the others
     are recomputed whole (same padding, so the same bytes) and only missing rows written."""
     e = cfg.extract
@@ -58,7 +58,7 @@ def plan_work(ex: Extraction, cfg: Config) -> Work:
     return Work(plan, mine, done, todo)
 
 
-def extract_hf(cfg: Config, progress: bool = True) -> ExtractRecord:
+def extract_hf(cfg: ExtractInputs, progress: bool = True) -> ExtractRecord:
     """The ``hf`` backend: run the target's language model over the prepared rows and
     write their hidden states; resumable, split by rank. Returns the stage's record."""
     t_start = time.perf_counter()
@@ -98,7 +98,7 @@ def extract_hf(cfg: Config, progress: bool = True) -> ExtractRecord:
 
 
 def _record(
-    cfg: Config,
+    cfg: ExtractInputs,
     ex: Extraction,
     work: Work,
     timings: Timings,
@@ -142,7 +142,7 @@ def _record(
 def _run_batches(
     lm: LanguageModel,
     ex: Extraction,
-    cfg: Config,
+    cfg: ExtractInputs,
     work: Work,
     timings: Timings,
     stats: dict[str, Any],

@@ -17,7 +17,7 @@ import os
 import re
 from pathlib import Path
 
-from eagle3_pipeline.core.config import Config
+from eagle3_pipeline.extract.view import ExtractInputs
 
 FORMAT = "speculators-hidden-states/1"
 MANIFEST = "manifest.json"
@@ -26,15 +26,15 @@ FILE_RE = re.compile(r"^hs_(\d+)\.safetensors$")
 TMP_GLOB = ".hs_*.tmp"
 
 
-def target_json_path(cfg: Config) -> Path:
+def target_json_path(cfg: ExtractInputs) -> Path:
     return Path(cfg.paths.target) / "target.json"
 
 
-def prepared_rows_dir(cfg: Config) -> Path:
+def prepared_rows_dir(cfg: ExtractInputs) -> Path:
     return Path(cfg.paths.prepared)
 
 
-def output_dir(cfg: Config) -> Path:
+def output_dir(cfg: ExtractInputs) -> Path:
     return Path(cfg.paths.hidden_states)
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 
-from eagle3_pipeline.core.config import Config, ConfigError
+from eagle3_pipeline.core.errors import ConfigError
 from eagle3_pipeline.extract.extraction import checked_target, extract_record, prepare_output
 from eagle3_pipeline.extract.layout import MANIFEST, output_dir, prepared_rows_dir
 from eagle3_pipeline.extract.manifest import (
@@ -28,13 +28,14 @@ from eagle3_pipeline.extract.manifest import (
 )
 from eagle3_pipeline.extract.record import ExtractPlan, ExtractRecord, OnlineSection
 from eagle3_pipeline.extract.rows import load_rows
+from eagle3_pipeline.extract.view import ExtractInputs
 from eagle3_pipeline.extract.vllm_backend import vllm_layer_ids
 from eagle3_pipeline.serving.engine import STAGING_PLACEHOLDER, Engine, build_engine, log_file
 
 log = logging.getLogger(__name__)
 
 
-def online_section(cfg: Config, engine: Engine) -> OnlineSection:
+def online_section(cfg: ExtractInputs, engine: Engine) -> OnlineSection:
     """What the train stage needs to start and talk to the extraction server."""
     e, v = cfg.extract, cfg.vllm
     return OnlineSection(
@@ -49,7 +50,7 @@ def online_section(cfg: Config, engine: Engine) -> OnlineSection:
     )
 
 
-def record_online(cfg: Config) -> ExtractRecord:
+def record_online(cfg: ExtractInputs) -> ExtractRecord:
     """The checks of an offline extraction, then the manifest for online training."""
     t0 = time.perf_counter()
     spec, model_dir, tok_sha = checked_target(cfg)

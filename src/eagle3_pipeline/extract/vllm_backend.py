@@ -26,7 +26,6 @@ from pathlib import Path
 
 from eagle3_pipeline.compat.offline_client import MODULE as OFFLINE_CLIENT
 from eagle3_pipeline.compat.offline_client import client_env
-from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.core.errors import StageError
 from eagle3_pipeline.extract.extraction import (
     Extraction,
@@ -40,6 +39,7 @@ from eagle3_pipeline.extract.layout import hs_path
 from eagle3_pipeline.extract.manifest import write_manifest
 from eagle3_pipeline.extract.record import ExtractPlan, ExtractRecord
 from eagle3_pipeline.extract.rows import Rows
+from eagle3_pipeline.extract.view import ExtractInputs
 from eagle3_pipeline.extract.writer import Timings, save_hidden_states
 from eagle3_pipeline.serving.engine import build_engine, log_file
 from eagle3_pipeline.serving.env import find_python
@@ -56,7 +56,7 @@ def vllm_layer_ids(spec: TargetSpec) -> list[int]:
     return [*spec.aux_layer_ids, spec.num_layers]
 
 
-def client_command(cfg: Config, spec: TargetSpec, prepared: Path, out: Path) -> list[str]:
+def client_command(cfg: ExtractInputs, spec: TargetSpec, prepared: Path, out: Path) -> list[str]:
     """speculators' offline generation client over the prepared rows. It skips rows whose
     file exists (so a rerun resumes) and checks the served model is ``--model``. It runs
     through :mod:`eagle3_pipeline.compat.offline_client`, which makes it send the server's
@@ -139,7 +139,7 @@ def validate_and_convert(
     return converted
 
 
-def extract_vllm(cfg: Config) -> ExtractRecord:
+def extract_vllm(cfg: ExtractInputs) -> ExtractRecord:
     """Serve the target with the extract-hidden-states config, drive speculators' client
     over the prepared rows, validate the files, always shut the server down."""
     t0 = time.perf_counter()

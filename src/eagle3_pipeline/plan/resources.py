@@ -20,10 +20,11 @@ import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-from eagle3_pipeline.core.config import Config
-from eagle3_pipeline.core.metrics import details_path, read_details
+from eagle3_pipeline.core.choices import Dtype
+from eagle3_pipeline.core.config import DataConfig, DraftShapeConfig, ThroughputAssumptions
+from eagle3_pipeline.core.metrics import HasDetails, details_path, read_details
 from eagle3_pipeline.core.records import Record, RecordError
 from eagle3_pipeline.data.record import PrepareRecord
 from eagle3_pipeline.data.source_size import selectable_samples
@@ -42,10 +43,103 @@ FreeBytesFn = Callable[[Path], int]
 R = TypeVar("R", bound=Record)
 
 
+# --------------------------------------------------------------------------- what they read
+# Each estimate types its config argument with what it reads: preflight passes its input
+# view (which declares exactly that), ``eagle3-plan`` the whole config.
+
+
+class _ExtractDtype(Protocol):
+    @property
+    def dtype(self) -> Dtype: ...
+
+
+class _Samples(Protocol):
+    @property
+    def samples(self) -> int: ...
+
+
+class StorageInputs(HasDetails, Protocol):
+    @property
+    def seed(self) -> int: ...
+    @property
+    def data(self) -> DataConfig: ...
+    @property
+    def extract(self) -> _ExtractDtype: ...
+    @property
+    def train(self) -> _Samples: ...
+
+
+class _DraftTrain(Protocol):
+    @property
+    def draft(self) -> DraftShapeConfig: ...
+    @property
+    def draft_vocab_size(self) -> int: ...
+    @property
+    def dtype(self) -> Dtype | None: ...
+    @property
+    def tokens_per_step(self) -> int: ...
+    @property
+    def speculative_tokens(self) -> int: ...
+
+
+class _TrainDtype(Protocol):
+    @property
+    def train_dtype(self) -> Dtype: ...
+
+
+class DraftInputs(Protocol):
+    @property
+    def train(self) -> _DraftTrain: ...
+    @property
+    def hardware(self) -> _TrainDtype: ...
+    @property
+    def extract(self) -> _ExtractDtype: ...
+
+
+class _Disk(Protocol):
+    @property
+    def disk_path(self) -> str | None: ...
+    @property
+    def min_free_disk_gb(self) -> float: ...
+
+
+class DiskInputs(Protocol):
+    @property
+    def preflight(self) -> _Disk: ...
+    @property
+    def data_dir(self) -> str: ...
+
+
+class _Epochs(Protocol):
+    @property
+    def epochs(self) -> int: ...
+
+
+class _TimeHardware(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def throughput(self) -> ThroughputAssumptions: ...
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+class TimeInputs(HasDetails, Protocol):
+    @property
+    def train(self) -> _Epochs: ...
+    @property
+    def hardware(self) -> _TimeHardware: ...
+    @property
+    def model(self) -> _Named: ...
+
+
 # --------------------------------------------------------------------------- metrics files
 
 
-def _earlier_run(cfg: Config, record: type[R]) -> tuple[R | None, str]:
+def _earlier_run(cfg: HasDetails, record: type[R]) -> tuple[R | None, str]:
     """An earlier run's record of a stage, or None and why not: none yet, or one this
     pipeline cannot read (its one-line error: the estimate falls back to an assumption and
     says so, instead of refusing -- preflight runs this before the stage that rebuilds it)."""
@@ -85,7 +179,7 @@ def hidden_state_bytes_per_token(n_captured: int, hidden: int, dtype: str) -> in
     return n_captured * hidden * DTYPE_BYTES[dtype]
 
 
-def estimate_storage(cfg: Config, target: TargetInfo) -> StorageEstimate:
+def estimate_storage(cfg: StorageInputs, target: TargetInfo) -> StorageEstimate:
     """Hidden-state storage: measured tokens per row from ``metrics/prepare.json`` when an
     earlier prepare run left it, else ``data.max_seq_len`` per conversation, labelled an
     upper bound (it bounds each row; conversations yielding several rows can exceed it)."""
@@ -166,7 +260,7 @@ class DraftEstimate:
         return asdict(self)
 
 
-def estimate_draft(cfg: Config, target: TargetInfo) -> DraftEstimate:
+def estimate_draft(cfg: DraftInputs, target: TargetInfo) -> DraftEstimate:
     """Parameters, optimizer state, activations per step and checkpoint size of the draft.
 
     The shape is the one the train stage builds (:func:`draft.resolve_draft_shape`:
@@ -280,14 +374,14 @@ class DiskNeed:
 
 
 def disk_need(
-    cfg: Config,
+    cfg: DiskInputs,
     storage: StorageEstimate,
     draft: DraftEstimate,
     free_fn: FreeBytesFn = free_bytes,
     path: str | None = None,
 ) -> DiskNeed:
     """Hidden states + one checkpoint + ``preflight.min_free_disk_gb`` vs free space."""
-    where = path or getattr(cfg.preflight, "disk_path", None) or cfg.data_dir
+    where = path or cfg.preflight.disk_path or cfg.data_dir
     margin = int(cfg.preflight.min_free_disk_gb * GB)
     need = storage.total_bytes + draft.checkpoint_bytes + margin
     return DiskNeed(
@@ -316,7 +410,9 @@ class TimeEstimate:
         return asdict(self)
 
 
-def _measured(cfg: Config, record: type[ExtractRecord | TrainRecord]) -> tuple[float, str] | None:
+def _measured(
+    cfg: TimeInputs, record: type[ExtractRecord | TrainRecord]
+) -> tuple[float, str] | None:
     """The ``tokens_per_s`` of an earlier run's record, only when measured on this hardware
     profile and for this model."""
     found, _ = _earlier_run(cfg, record)
@@ -331,7 +427,7 @@ def _measured(cfg: Config, record: type[ExtractRecord | TrainRecord]) -> tuple[f
     return float(found.tokens_per_s), f"measured: tokens_per_s in {details_path(cfg, found.STAGE)}"
 
 
-def estimate_time(cfg: Config, storage: StorageEstimate) -> tuple[TimeEstimate, TimeEstimate]:
+def estimate_time(cfg: TimeInputs, storage: StorageEstimate) -> tuple[TimeEstimate, TimeEstimate]:
     """Extraction: tokens / tokens per s. Training: epochs x samples conversations at a rate
     in conversations per s (``hardware.throughput.train_conversations_per_s``, the unit
     hand-run workflows report as "steps" of one conversation). A measured rate comes from the train stage's ``tokens_per_s`` (it packs

@@ -18,12 +18,12 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.data.pinned import PinnedFileError, data_file
 from eagle3_pipeline.preflight.result import Check
+from eagle3_pipeline.preflight.view import PreflightInputs
 
 
-def check_data_file(cfg: Config) -> tuple[Check, dict[str, Any]]:
+def check_data_file(cfg: PreflightInputs) -> tuple[Check, dict[str, Any]]:
     """The ``data`` check and what prepare's inputs are, as a fingerprint."""
     d = cfg.data
     source = str(d.source)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from eagle3_pipeline.core.config import Config, ConfigError
+from eagle3_pipeline.core.errors import ConfigError
 from eagle3_pipeline.plan.resources import (
     FreeBytesFn,
     disk_need,
@@ -18,9 +18,10 @@ from eagle3_pipeline.plan.resources import (
 from eagle3_pipeline.plan.target_info import load_target
 from eagle3_pipeline.plan.units import fmt_gb
 from eagle3_pipeline.preflight.result import Check
+from eagle3_pipeline.preflight.view import PreflightInputs
 
 
-def check_disk(cfg: Config, free_fn: FreeBytesFn) -> tuple[Check, dict[str, Any]]:
+def check_disk(cfg: PreflightInputs, free_fn: FreeBytesFn) -> tuple[Check, dict[str, Any]]:
     """Free space vs hidden states + checkpoint + margin (the plan's numbers)."""
     where = cfg.preflight.disk_path or cfg.data_dir
     try:

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.preflight.result import Check
+from eagle3_pipeline.preflight.view import PreflightInputs
 from eagle3_pipeline.runtime.gpu import GpuInfo, VisibleGpu
 
 
@@ -43,11 +43,11 @@ def _mib(n: int | float) -> str:
     return f"{n:,.0f} MiB"
 
 
-def _profile(cfg: Config) -> str:
+def _profile(cfg: PreflightInputs) -> str:
     return f"hardware={cfg.hardware.name}"
 
 
-def check_driver(cfg: Config, no_driver: str | None, n_visible: int) -> Check:
+def check_driver(cfg: PreflightInputs, no_driver: str | None, n_visible: int) -> Check:
     hw = cfg.hardware
     if no_driver is None:
         note = "" if hw.device == "cuda" else " (cpu profile: the run does not use them)"
@@ -65,7 +65,7 @@ def check_driver(cfg: Config, no_driver: str | None, n_visible: int) -> Check:
     )
 
 
-def check_count(cfg: Config, visible: list[VisibleGpu], env: Mapping[str, str]) -> Check:
+def check_count(cfg: PreflightInputs, visible: list[VisibleGpu], env: Mapping[str, str]) -> Check:
     want, have = cfg.hardware.gpu_count, len(visible)
     cvd = env.get("CUDA_VISIBLE_DEVICES")
     where = f" (CUDA_VISIBLE_DEVICES={cvd})" if cvd is not None else ""
@@ -85,7 +85,7 @@ def check_count(cfg: Config, visible: list[VisibleGpu], env: Mapping[str, str]) 
     )
 
 
-def check_model(cfg: Config, visible: list[VisibleGpu]) -> Check:
+def check_model(cfg: PreflightInputs, visible: list[VisibleGpu]) -> Check:
     hw = cfg.hardware
     names = sorted({v.info.name for v in visible})
     if not hw.gpu_name:
@@ -103,7 +103,7 @@ def check_model(cfg: Config, visible: list[VisibleGpu]) -> Check:
     )
 
 
-def check_memory(cfg: Config, visible: list[VisibleGpu]) -> Check:
+def check_memory(cfg: PreflightInputs, visible: list[VisibleGpu]) -> Check:
     hw = cfg.hardware
     totals = sorted({v.info.memory_total_mib for v in visible})
     reading = ", ".join(_mib(t) for t in totals) or "-"
@@ -124,7 +124,7 @@ def check_memory(cfg: Config, visible: list[VisibleGpu]) -> Check:
     )
 
 
-def check_capability(cfg: Config, visible: list[VisibleGpu]) -> Check:
+def check_capability(cfg: PreflightInputs, visible: list[VisibleGpu]) -> Check:
     need = cfg.hardware.min_compute_capability
     ccs = sorted({v.info.cc_str for v in visible})
     reading = ", ".join(ccs) or "-"
@@ -202,7 +202,7 @@ def _idle_problems(v: VisibleGpu, limit: int, expected: list[str]) -> tuple[list
     return problems, bool(foreign) or unexplained > limit
 
 
-def check_idle(cfg: Config, visible: list[VisibleGpu]) -> Check:
+def check_idle(cfg: PreflightInputs, visible: list[VisibleGpu]) -> Check:
     """Idle: no compute process other than the declared ones, and memory in use (minus
     what declared processes hold) at most ``hardware.idle_memory_mib``."""
     hw = cfg.hardware
@@ -224,7 +224,7 @@ def check_idle(cfg: Config, visible: list[VisibleGpu]) -> Check:
     return Check("gpu_idle", not problems, reading, problems)
 
 
-def check_torch(cfg: Config, view: TorchView, n_visible: int) -> Check:
+def check_torch(cfg: PreflightInputs, view: TorchView, n_visible: int) -> Check:
     reading = (
         f"torch {view.version or '-'} (CUDA {view.cuda or 'none'}) sees {view.device_count}, "
         f"NVML {n_visible}"
@@ -246,7 +246,7 @@ def check_torch(cfg: Config, view: TorchView, n_visible: int) -> Check:
 
 
 def gpu_checks(
-    cfg: Config,
+    cfg: PreflightInputs,
     visible: list[VisibleGpu],
     env: Mapping[str, str],
     torch_probe: Callable[[], TorchView],

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from eagle3_pipeline.core.config import Config, ConfigError
+from eagle3_pipeline.core.errors import ConfigError
 from eagle3_pipeline.preflight.result import Check
+from eagle3_pipeline.preflight.view import PreflightInputs
 from eagle3_pipeline.train.warm_start import describe
 
 
-def check_init_source(cfg: Config) -> tuple[Check | None, dict[str, Any]]:
+def check_init_source(cfg: PreflightInputs) -> tuple[Check | None, dict[str, Any]]:
     """The ``init_from`` check (None without a warm start) and the fingerprint to write."""
     path = cfg.train.init_from
     if not path:

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.core.io import atomic_write_json
 from eagle3_pipeline.core.metrics import write_stage_metrics
 from eagle3_pipeline.preflight.record import PreflightRecord
+from eagle3_pipeline.preflight.view import PreflightInputs
 from eagle3_pipeline.runtime.gpu import VisibleGpu
 
 
@@ -102,11 +102,11 @@ def render_preflight(result: PreflightResult) -> str:
     return "\n".join(lines)
 
 
-def inventory_path(cfg: Config) -> Path:
+def inventory_path(cfg: PreflightInputs) -> Path:
     return Path(cfg.paths.inventory)
 
 
-def write_outputs(cfg: Config, result: PreflightResult) -> None:
+def write_outputs(cfg: PreflightInputs, result: PreflightResult) -> None:
     atomic_write_json(inventory_path(cfg), result.inventory)
     if result.target_fingerprint is not None:
         atomic_write_json(Path(cfg.paths.target_fingerprint), result.target_fingerprint)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from eagle3_pipeline.core.config import Config, ConfigError
+from eagle3_pipeline.core.errors import ConfigError
 from eagle3_pipeline.plan.resources import FreeBytesFn, free_bytes
 from eagle3_pipeline.preflight.data import check_data_file
 from eagle3_pipeline.preflight.disk import check_disk
@@ -34,6 +34,7 @@ from eagle3_pipeline.preflight.software import (
     vllm_needed,
 )
 from eagle3_pipeline.preflight.target import check_target_files
+from eagle3_pipeline.preflight.view import PreflightInputs
 from eagle3_pipeline.runtime.gpu import (
     GpuError,
     GpuMemory,
@@ -97,14 +98,14 @@ def _snapshot(mode: str, visible: list[VisibleGpu]) -> GpuSnapshot:
 
 
 def run_preflight(
-    cfg: Config,
+    cfg: PreflightInputs,
     reader: NvmlReader | None = None,
     env: Mapping[str, str] | None = None,
     torch_probe: Callable[[], TorchView] = torch_view,
     free_fn: FreeBytesFn = free_bytes,
     versions: dict[str, str | None] | None = None,
     open_nvml: Callable[[], NvmlReader] = open_reader,
-    vllm_probe: Callable[[Config], Any] = probe_vllm,
+    vllm_probe: Callable[[PreflightInputs], Any] = probe_vllm,
     attention_probe: Callable[[Any, list[dict[str, Any]]], Any] | None = None,
 ) -> PreflightResult:
     """All checks. ``reader`` None: open the real NVML (absent driver -> CPU mode)."""
@@ -174,7 +175,7 @@ def run_preflight(
 
 
 def _attention_check(
-    cfg: Config, reading: Any, probe: Callable[[Any, list[dict[str, Any]]], Any] | None
+    cfg: PreflightInputs, reading: Any, probe: Callable[[Any, list[dict[str, Any]]], Any] | None
 ) -> Check:
     """The target's and the draft's attention against the installed vLLM's selector
     (``probe``: ``serving.env.attention_support`` unless injected)."""
@@ -200,7 +201,7 @@ def _attention_check(
     return check
 
 
-def check_machine(cfg: Config) -> PreflightResult:
+def check_machine(cfg: PreflightInputs) -> PreflightResult:
     """Run every check on this machine and write the inventory and the metrics (written
     on failure too: the metrics say which check failed and why)."""
     result = run_preflight(cfg)

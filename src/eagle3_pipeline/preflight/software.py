@@ -10,9 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from eagle3_pipeline.compat.vllm import EAGLE3_DRAFT_OPTIONS
-from eagle3_pipeline.core.config import Config, eagle3_options
+from eagle3_pipeline.core.config import eagle3_options
 from eagle3_pipeline.core.versions import installed_versions
 from eagle3_pipeline.preflight.result import Check
+from eagle3_pipeline.preflight.view import PreflightInputs
 
 # Installed-version requirements checked from package metadata (pyproject.toml's ranges).
 PACKAGES: dict[str, str] = {
@@ -42,7 +43,7 @@ def _version_in(version: str, spec: str) -> bool:
         return True
 
 
-def check_packages(cfg: Config, versions: dict[str, str | None]) -> Check:
+def check_packages(cfg: PreflightInputs, versions: dict[str, str | None]) -> Check:
     """Required: torch, transformers, speculators; vLLM only for ``extract.backend=vllm``."""
     problems: list[str] = []
     for name, spec in PACKAGES.items():
@@ -58,7 +59,7 @@ def check_packages(cfg: Config, versions: dict[str, str | None]) -> Check:
     return Check("packages", not problems, reading, problems)
 
 
-def vllm_needed(cfg: Config) -> bool:
+def vllm_needed(cfg: PreflightInputs) -> bool:
     """Whether any stage of this run starts vLLM."""
     return bool(
         cfg.validate.vllm
@@ -72,7 +73,7 @@ def vllm_needed(cfg: Config) -> bool:
     )
 
 
-def probe_vllm(cfg: Config) -> Any:
+def probe_vllm(cfg: PreflightInputs) -> Any:
     """The vLLM environment's own answer (a ``VllmProbe``); a missing one is a reading with
     ``error`` set, so it becomes a failed check rather than a crash."""
     from eagle3_pipeline.serving.env import VllmEnvError, VllmProbe, find_python, probe
@@ -83,7 +84,7 @@ def probe_vllm(cfg: Config) -> Any:
         return VllmProbe(python=str(cfg.vllm.python), error=str(exc))
 
 
-def check_vllm(cfg: Config, result: Any) -> Check:
+def check_vllm(cfg: PreflightInputs, result: Any) -> Check:
     """The vLLM environment imports, the CLI answers, and it is the build this hardware
     needs (the CPU build on CPU profiles, a CUDA build on GPU profiles)."""
     if result.error:
@@ -129,7 +130,9 @@ def check_vllm(cfg: Config, result: Any) -> Check:
     return Check("vllm", True, reading)
 
 
-def attention_queries(cfg: Config, spec: Any, draft: Any) -> list[tuple[str, dict[str, Any]]]:
+def attention_queries(
+    cfg: PreflightInputs, spec: Any, draft: Any
+) -> list[tuple[str, dict[str, Any]]]:
     """What vLLM's attention will be asked to run in this pipeline: the target's (unless
     MLA, whose kernels vLLM picks by other rules) wherever vLLM serves it, and the draft's
     when validate serves the draft -- each in the dtype the validate engines use."""
@@ -161,7 +164,7 @@ def attention_queries(cfg: Config, spec: Any, draft: Any) -> list[tuple[str, dic
 CPU_MLA_LATENT = 576
 
 
-def mla_draft_problem(cfg: Config, draft: Any) -> str | None:
+def mla_draft_problem(cfg: PreflightInputs, draft: Any) -> str | None:
     """What vLLM would refuse of an MLA draft when validate starts it: on the CPU build the
     draft's latent (kv_lora_rank + qk_rope_head_dim) must be the CPU_MLA kernel's."""
     if draft is None or draft.mla is None or not cfg.validate.vllm:
@@ -178,7 +181,7 @@ def mla_draft_problem(cfg: Config, draft: Any) -> str | None:
 
 
 def check_vllm_attention(
-    cfg: Config,
+    cfg: PreflightInputs,
     reading: Any,
     queries: list[tuple[str, dict[str, Any]]],
     answers: list[dict[str, Any]] | None,

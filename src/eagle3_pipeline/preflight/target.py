@@ -12,15 +12,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline.core.config import Config, ConfigError
+from eagle3_pipeline.core.errors import ConfigError
 from eagle3_pipeline.preflight.result import Check
+from eagle3_pipeline.preflight.view import PreflightInputs
 from eagle3_pipeline.targets.fingerprint import fingerprint_dir, fingerprint_file
 from eagle3_pipeline.targets.resolve import locate_real_target
 
 HASH_CACHE = "target_sha256.json"  # under paths.cache: content mode's per-shard hashes
 
 
-def check_target_files(cfg: Config) -> tuple[Check, dict[str, Any] | None]:
+def check_target_files(cfg: PreflightInputs) -> tuple[Check, dict[str, Any] | None]:
     """The ``target`` check and the fingerprint (None when the target cannot be found)."""
     m = cfg.model
     if m.tiny is not None:
@@ -31,7 +32,7 @@ def check_target_files(cfg: Config) -> tuple[Check, dict[str, Any] | None]:
     if m.gguf is not None:
         return _check_gguf(cfg)
     try:
-        model_dir = locate_real_target(cfg)
+        model_dir = locate_real_target(cfg.model)
     except ConfigError as exc:
         return Check("target", False, "not found", [str(exc)]), None
     if not (model_dir / "config.json").is_file():
@@ -60,7 +61,7 @@ def check_target_files(cfg: Config) -> tuple[Check, dict[str, Any] | None]:
     )
 
 
-def _check_gguf(cfg: Config) -> tuple[Check, dict[str, Any] | None]:
+def _check_gguf(cfg: PreflightInputs) -> tuple[Check, dict[str, Any] | None]:
     """A GGUF target: the file must be there (its content is checked by the target stage,
     which converts it); its fingerprint reruns target onward when it changes."""
     g = cfg.model.gguf

@@ -19,10 +19,11 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from eagle3_pipeline.compat import vllm as vllm_compat
-from eagle3_pipeline.core.config import Config
+from eagle3_pipeline.core.choices import Device, Dtype
+from eagle3_pipeline.core.config import ServingConfig, VllmConfig
 
 PURPOSES = ("extract", "regenerate", "validate", "baseline")
 # An online extraction engine is recorded by the extract stage before the train stage picks
@@ -172,7 +173,39 @@ def extract_config(layer_ids: Sequence[int]) -> dict[str, Any]:
     }
 
 
-def cpu_build(cfg: Config) -> bool:
+class _ServingHardware(Protocol):
+    @property
+    def device(self) -> Device: ...
+    @property
+    def serving(self) -> ServingConfig: ...
+
+
+class _ServedModel(Protocol):
+    @property
+    def dtype(self) -> Dtype: ...
+
+
+class EngineInputs(Protocol):
+    """What building an engine reads of a stage's inputs: ``seed``, ``hardware.device``,
+    ``hardware.serving``, ``vllm`` and ``model.dtype`` (every stage that serves the target
+    declares them; a tool passes the whole config)."""
+
+    @property
+    def seed(self) -> int: ...
+    @property
+    def hardware(self) -> _ServingHardware: ...
+    @property
+    def vllm(self) -> VllmConfig: ...
+    @property
+    def model(self) -> _ServedModel: ...
+
+
+class _LogDir(Protocol):
+    @property
+    def vllm(self) -> VllmConfig: ...
+
+
+def cpu_build(cfg: EngineInputs) -> bool:
     """The CPU build serves where the hardware profile has no GPU."""
     return cfg.hardware.device == "cpu"
 
@@ -191,7 +224,7 @@ def draft_has_mla(draft_dir: str | Path) -> bool:
 
 
 def build_engine(
-    cfg: Config,
+    cfg: EngineInputs,
     spec: Any,
     model: str | Path,
     purpose: str,
@@ -260,5 +293,5 @@ def build_engine(
     return eng
 
 
-def log_file(cfg: Config, purpose: str) -> Path:
+def log_file(cfg: _LogDir, purpose: str) -> Path:
     return Path(cfg.vllm.log_dir) / f"vllm_{purpose}.log"

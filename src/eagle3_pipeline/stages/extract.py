@@ -8,19 +8,21 @@ from __future__ import annotations
 
 import logging
 
-from eagle3_pipeline.core.config import Config
-from eagle3_pipeline.core.metrics import write_stage_metrics
+from eagle3_pipeline.core.metrics import write_details
+from eagle3_pipeline.extract.view import ExtractInputs
 from eagle3_pipeline.stages.runner import run_stage
 
 log = logging.getLogger(__name__)
 
+INPUTS = ExtractInputs
 
-def run(cfg: Config) -> None:
+
+def run(cfg: ExtractInputs) -> None:
     if cfg.extract.mode == "online":
         from eagle3_pipeline.extract.online import record_online
 
         record = record_online(cfg)
-        write_stage_metrics(cfg, record)
+        write_details(cfg, record)
         log.info(
             "extract (online): manifest for %d rows (%d tokens), layers %s; the train "
             "stage serves the target and reads their hidden states from vLLM",
@@ -38,7 +40,7 @@ def run(cfg: Config) -> None:
 
         record = extract_hf(cfg)
     name = "extract" if cfg.extract.world_size == 1 else f"extract.rank{cfg.extract.rank}"
-    write_stage_metrics(cfg, record, name)
+    write_details(cfg, record, name)
     log.info(
         "extract (%s): %d samples, %d written, %d reused; %.0f tokens/s; %.1f MB written "
         "(%.0f B/token); layers %s",
@@ -54,7 +56,7 @@ def run(cfg: Config) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    run_stage("extract", __doc__ or "", run, argv)
+    run_stage("extract", __doc__ or "", INPUTS.from_config, run, argv)
 
 
 if __name__ == "__main__":

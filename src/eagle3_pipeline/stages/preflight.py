@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import logging
 
-from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.core.errors import ConfigError, StageError
 from eagle3_pipeline.preflight.result import render_preflight
 from eagle3_pipeline.preflight.run import check_machine
+from eagle3_pipeline.preflight.view import PreflightInputs
 from eagle3_pipeline.stages.runner import run_stage
 
 log = logging.getLogger(__name__)
 
+INPUTS = PreflightInputs
 
-def run(cfg: Config) -> None:
+
+def run(cfg: PreflightInputs) -> None:
     result = check_machine(cfg)
     print(render_preflight(result), flush=True)
     if result.passed:
@@ -40,7 +42,7 @@ def run(cfg: Config) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     # a failed preflight's report is what the user reads: it is not replaced by the last pass's
-    run_stage("preflight", __doc__ or "", run, argv, restore_on_failure=False)
+    run_stage("preflight", __doc__ or "", INPUTS.from_config, run, argv, restore_on_failure=False)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 
-from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.core.errors import StageError
 from eagle3_pipeline.core.io import remove_path
 from eagle3_pipeline.core.metrics import details_path, headline_path, write_stage_metrics
@@ -15,12 +14,15 @@ from eagle3_pipeline.data.conversations import StageInputError
 from eagle3_pipeline.data.prepare import bad_lines_path, heldout_path, prepare, prepared_dir
 from eagle3_pipeline.data.record import PrepareRecord
 from eagle3_pipeline.data.regenerate_server import ServerUnavailable
+from eagle3_pipeline.data.view import PrepareInputs
 from eagle3_pipeline.stages.runner import run_stage
 
 log = logging.getLogger(__name__)
 
+INPUTS = PrepareInputs
 
-def run(cfg: Config, progress: bool = True) -> None:
+
+def run(cfg: PrepareInputs, progress: bool = True) -> None:
     stale_outputs = (
         prepared_dir(cfg),
         heldout_path(cfg),
@@ -66,7 +68,7 @@ def run(cfg: Config, progress: bool = True) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    run_stage("prepare", __doc__ or "", run, argv)
+    run_stage("prepare", __doc__ or "", INPUTS.from_config, run, argv)
 
 
 if __name__ == "__main__":

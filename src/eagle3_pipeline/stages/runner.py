@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Callable
+from typing import TypeVar
 
 from eagle3_pipeline.core.config import Config, config_from_cli
 from eagle3_pipeline.core.errors import ConfigError, StageError
@@ -15,15 +16,19 @@ from eagle3_pipeline.runtime.signals import Interrupted, interrupts_raise
 
 log = logging.getLogger("eagle3_pipeline")
 
+V = TypeVar("V")
+
 
 def run_stage(
     name: str,
     description: str,
-    body: Callable[[Config], None],
+    view: Callable[[Config], V],
+    body: Callable[[V], None],
     argv: list[str] | None = None,
     restore_on_failure: bool = True,
 ) -> None:
-    """Parse ``[--params FILE] [overrides]``, load the config and run ``body``.
+    """Parse ``[--params FILE] [overrides]``, load the config, build the stage's input
+    view from it (``view``: its ``Inputs.from_config``) and run ``body`` on the view.
 
     Exit codes: 0 success, 1 a failed check or bad input (one line on stderr), 2 a config
     error, 128 + N when stopped by signal N (130 Ctrl-C, 143 SIGTERM; one line too: the
@@ -45,7 +50,7 @@ def run_stage(
             setup_logging()
             keeper = Keeper(name, volatile_outputs(name, cfg)) if restore_on_failure else None
             try:
-                body(cfg)
+                body(view(cfg))
             except (ConfigError, StageError, FileNotFoundError) as exc:
                 _restore(name, keeper)
                 keeper = None

@@ -6,17 +6,19 @@ from __future__ import annotations
 
 import logging
 
-from eagle3_pipeline.core.config import Config
-from eagle3_pipeline.core.metrics import write_stage_metrics
+from eagle3_pipeline.core.metrics import write_details
 from eagle3_pipeline.stages.runner import run_stage
 from eagle3_pipeline.targets.resolve import resolve_target
+from eagle3_pipeline.targets.view import TargetInputs
 
 log = logging.getLogger(__name__)
 
+INPUTS = TargetInputs
 
-def run(cfg: Config) -> None:
-    spec, record = resolve_target(cfg)
-    write_stage_metrics(cfg, record)
+
+def run(inputs: TargetInputs) -> None:
+    spec, record = resolve_target(inputs)
+    write_details(inputs, record)
     log.info(
         "target %s (%s -> vLLM %s): %d layers, hidden %d, vocab %d, aux layers %s",
         spec.name,
@@ -37,7 +39,7 @@ def run(cfg: Config) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    run_stage("target", __doc__ or "", run, argv)
+    run_stage("target", __doc__ or "", INPUTS.from_config, run, argv)
 
 
 if __name__ == "__main__":

@@ -18,19 +18,21 @@ from __future__ import annotations
 import logging
 import os
 
-from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.core.io import remove_path
-from eagle3_pipeline.core.metrics import details_path, read_details, write_stage_metrics
+from eagle3_pipeline.core.metrics import details_path, read_details, write_details
 from eagle3_pipeline.core.records import RecordError
 from eagle3_pipeline.preflight.record import PreflightRecord
 from eagle3_pipeline.runtime.gpu import GpuSnapshot
 from eagle3_pipeline.stages.runner import run_stage
 from eagle3_pipeline.train.nodes import NODE_RANK_ENV, this_node
+from eagle3_pipeline.train.view import TrainInputs
 
 log = logging.getLogger(__name__)
 
+INPUTS = TrainInputs
 
-def run(cfg: Config) -> None:
+
+def run(cfg: TrainInputs) -> None:
     from eagle3_pipeline.train.launch import run_training
     from eagle3_pipeline.train.live import write_summary
     from eagle3_pipeline.train.plan import TrainPaths
@@ -43,7 +45,7 @@ def run(cfg: Config) -> None:
     before = preflight_snapshot(cfg)
     remove_path(details_path(cfg, "train"))
     record = TrainRecord(**run_training(cfg, before))
-    write_stage_metrics(cfg, record)
+    write_details(cfg, record)
     write_summary(TrainPaths.from_config(cfg).live, record)
     log.info(
         "draft: val loss %.4f (untrained %.4f), per-position accuracy %s, %d steps, %.0f tokens/s",
@@ -55,7 +57,7 @@ def run(cfg: Config) -> None:
     )
 
 
-def preflight_snapshot(cfg: Config) -> GpuSnapshot | None:
+def preflight_snapshot(cfg: TrainInputs) -> GpuSnapshot | None:
     """The preflight stage's GPU reading (its record's ``snapshot``), which the reading
     after training is compared with; None without one. A record this pipeline cannot read
     is a warning: the comparison is a check of the run, not a reason to refuse it."""
@@ -70,7 +72,7 @@ def preflight_snapshot(cfg: Config) -> GpuSnapshot | None:
 def main(argv: list[str] | None = None) -> None:
     # a node other than 0 writes no output: it has none of its own to restore
     main_node = os.environ.get(NODE_RANK_ENV, "0").strip() in ("", "0")
-    run_stage("train", __doc__ or "", run, argv, restore_on_failure=main_node)
+    run_stage("train", __doc__ or "", INPUTS.from_config, run, argv, restore_on_failure=main_node)
 
 
 if __name__ == "__main__":

@@ -12,20 +12,22 @@ from __future__ import annotations
 
 import logging
 
-from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.core.io import atomic_dir, remove_path
-from eagle3_pipeline.core.metrics import write_stage_metrics
+from eagle3_pipeline.core.metrics import write_details
 from eagle3_pipeline.stages.runner import run_stage
 from eagle3_pipeline.validate.live import write_live
 from eagle3_pipeline.validate.report import validation_files
-from eagle3_pipeline.validate.run import paths, runtime, validate_draft
+from eagle3_pipeline.validate.run import paths, validate_draft
+from eagle3_pipeline.validate.view import ValidateInputs
 
 log = logging.getLogger(__name__)
 
+INPUTS = ValidateInputs
 
-def run(cfg: Config) -> None:
+
+def run(cfg: ValidateInputs) -> None:
     p = paths(cfg)
-    device, dtype = runtime(cfg)  # a config error leaves the last outputs in place
+    device, dtype = cfg.runtime()  # a config error leaves the last outputs in place
     for stale in (p["metrics"], p["out"]):
         remove_path(stale)
     record, context = validate_draft(cfg, device, dtype)
@@ -33,7 +35,7 @@ def run(cfg: Config) -> None:
     with atomic_dir(p["out"]) as tmp:
         for name, content in files.items():
             (tmp / name).write_bytes(content)
-    write_stage_metrics(cfg, record)
+    write_details(cfg, record)
     write_live(p["live"], record, files["acceptance.png"])
     log.info(
         "acceptance length %.3f at K=%d (%d prompts, %d tokens, %d steps); lossless: %s",
@@ -47,7 +49,7 @@ def run(cfg: Config) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    run_stage("validate", __doc__ or "", run, argv)
+    run_stage("validate", __doc__ or "", INPUTS.from_config, run, argv)
 
 
 if __name__ == "__main__":

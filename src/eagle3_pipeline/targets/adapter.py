@@ -20,9 +20,9 @@ import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from eagle3_pipeline.core.config import ConfigError, ModelConfig
+from eagle3_pipeline.core.errors import ConfigError
 from eagle3_pipeline.core.safetensors import read_header
 from eagle3_pipeline.targets.families import (
     GENERIC,
@@ -295,7 +295,26 @@ def _tied(config: dict[str, Any], key: str | None, text: dict[str, Any]) -> bool
     )
 
 
-def _provenance(model: ModelConfig) -> dict[str, Any]:
+class TargetSource(Protocol):
+    """What describing a target reads of its configuration (``model.*``): its name, where
+    its files come from, and the aux layer ids asked for. The target stage's view, the
+    whole ``model`` section and a tool's ad-hoc ``ModelConfig`` all satisfy it."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def path(self) -> str | None: ...
+    @property
+    def hub_id(self) -> str | None: ...
+    @property
+    def revision(self) -> str | None: ...
+    @property
+    def trust_remote_code(self) -> bool: ...
+    @property
+    def aux_layer_ids(self) -> list[int] | None: ...
+
+
+def _provenance(model: TargetSource) -> dict[str, Any]:
     """Where the target comes from: hub id, revision (or the HF cache snapshot's sha)."""
     path = Path(model.path) if model.path else None
     revision = model.revision or (_revision_from_path(path.resolve()) if path else None)
@@ -308,7 +327,7 @@ def _provenance(model: ModelConfig) -> dict[str, Any]:
 
 
 def describe_config(
-    config: dict[str, Any], model: ModelConfig, weight_names: list[str] | None = None
+    config: dict[str, Any], model: TargetSource, weight_names: list[str] | None = None
 ) -> TargetSpec:
     """Describe a target from its ``config.json`` (and weight names when known)."""
     family = family_for_config(config)
@@ -352,7 +371,7 @@ def describe_config(
     )
 
 
-def describe_target(model_dir: Path, model: ModelConfig) -> TargetSpec:
+def describe_target(model_dir: Path, model: TargetSource) -> TargetSpec:
     """Describe a target directory: config, weight index and tokenizer files only."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():

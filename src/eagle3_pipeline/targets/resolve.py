@@ -13,10 +13,11 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline.core.config import Config, ConfigError
+from eagle3_pipeline.core.errors import ConfigError
 from eagle3_pipeline.core.io import atomic_dir, atomic_write_json
-from eagle3_pipeline.targets.adapter import TargetSpec, describe_target
+from eagle3_pipeline.targets.adapter import TargetSource, TargetSpec, describe_target
 from eagle3_pipeline.targets.record import TargetRecord
+from eagle3_pipeline.targets.view import TargetInputs
 
 log = logging.getLogger(__name__)
 
@@ -37,14 +38,9 @@ METADATA_PATTERNS = [
 ]
 
 
-def target_dir(cfg: Config) -> Path:
-    return Path(cfg.paths.target)
-
-
-def locate_real_target(cfg: Config) -> Path:
+def locate_real_target(m: TargetSource) -> Path:
     """The directory of a real target: ``model.path``, or the local HF cache snapshot of
     ``model.hub_id`` at ``model.revision`` (never a download at run time)."""
-    m = cfg.model
     if m.path:
         p = Path(m.path)
         if not p.is_dir():
@@ -86,7 +82,7 @@ def check_target(spec: TargetSpec, model_dir: Path) -> None:
         )
 
 
-def _build(cfg: Config, model_dir: Path, progress: bool) -> dict[str, Any]:
+def _build(cfg: TargetInputs, model_dir: Path, progress: bool) -> dict[str, Any]:
     """Write the checkpoint the target stage owns: build the tiny target, or convert the
     GGUF file."""
     if cfg.model.gguf is not None:
@@ -100,9 +96,9 @@ def _build(cfg: Config, model_dir: Path, progress: bool) -> dict[str, Any]:
     return build_tiny_target(cfg.model.tiny, cfg.target, model_dir, cfg.seed, progress)
 
 
-def resolve_target(cfg: Config, progress: bool = True) -> tuple[TargetSpec, TargetRecord]:
+def resolve_target(cfg: TargetInputs, progress: bool = True) -> tuple[TargetSpec, TargetRecord]:
     """Build or locate the target, write ``target.json``; return it with the stage's record."""
-    out = target_dir(cfg)
+    out = Path(cfg.paths.target)
     if cfg.model.built_here:
         if cfg.model.gguf is not None:
             from eagle3_pipeline.targets.gguf import inspect_gguf
@@ -118,7 +114,7 @@ def resolve_target(cfg: Config, progress: bool = True) -> tuple[TargetSpec, Targ
             atomic_write_json(tmp / TARGET_JSON, spec.to_dict())
         metrics["built"] = True
     else:
-        model_dir = locate_real_target(cfg)
+        model_dir = locate_real_target(cfg.model)
         spec = describe_target(model_dir, cfg.model)
         check_target(spec, model_dir)
         with atomic_dir(out) as tmp:

@@ -19,9 +19,13 @@ from __future__ import annotations
 import argparse
 import ast
 import functools
+import importlib
 import re
 import sys
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 PKG = "eagle3_pipeline"
 SRC = Path(__file__).resolve().parents[2]  # the directory holding the package
@@ -31,6 +35,7 @@ STAGES = ("preflight", "target", "prepare", "extract", "train", "validate")
 _CODE_DEP = re.compile(r"^\s+- src/eagle3_pipeline\S*\s*(#.*)?$")
 _COMMENT = re.compile(r"^\s+#")
 _STAGE = re.compile(r"^  (\w+):\s*$")
+_TEMPLATE = re.compile(r"\$\{([^}]+)\}")
 
 
 @functools.cache
@@ -125,9 +130,29 @@ def code_deps(stage: str) -> list[str]:
     return deps
 
 
+def inputs_view(stage: str) -> Any:
+    """The stage's input view class (``INPUTS`` of its entrypoint module), or None for a
+    stage that declares none yet (its ``params:`` are left as they are)."""
+    return getattr(importlib.import_module(f"{PKG}.stages.{stage}"), "INPUTS", None)
+
+
+def params(stage: str, spec: dict[str, Any]) -> list[str] | None:
+    """``stage``'s ``params:`` as its input view declares them: the view's keys, less
+    its untracked ones and those its ``dvc.yaml`` entry templates (``${paths.draft}``),
+    which DVC tracks through the template. None for a stage without a view."""
+    view = inputs_view(stage)
+    if view is None:
+        return None
+    rest = {k: v for k, v in spec.items() if k != "params"}
+    templated = set(_TEMPLATE.findall(yaml.safe_dump(rest)))
+    return [k for k in view.keys(tracked=True) if k not in templated]
+
+
 def render(text: str) -> str:
     """``dvc.yaml``'s text with each stage's code deps replaced by :func:`code_deps` (the
-    first lines of its ``deps:``; comments and other deps kept)."""
+    first lines of its ``deps:``; comments and other deps kept) and, for a stage with an
+    input view, its ``params:`` by :func:`params`."""
+    graph = yaml.safe_load(text)["stages"]
     lines = text.splitlines()
     out: list[str] = []
     stage: str | None = None
@@ -137,6 +162,18 @@ def render(text: str) -> str:
         m = _STAGE.match(line)
         if m:
             stage = m.group(1)
+        keys = params(stage, graph[stage]) if stage in STAGES else None
+        if keys is not None and line.strip() == "params:":
+            out.append(line)
+            indent = len(line) - len(line.lstrip())
+            out.extend(f"{' ' * (indent + 2)}- {k}" for k in keys)
+            i += 1
+            while i < len(lines) and (
+                lines[i].strip().startswith(("- ", "#"))
+                and len(lines[i]) - len(lines[i].lstrip()) > indent
+            ):
+                i += 1
+            continue
         if stage in STAGES and line.strip() == "deps:":
             out.append(line)
             indent = len(line) - len(line.lstrip())
@@ -152,7 +189,6 @@ def render(text: str) -> str:
                 ):
                     out.append(lines[i])
                 i += 1
-            stage = None
             continue
         out.append(line)
         i += 1
@@ -168,7 +204,8 @@ def _next_is_code_dep(lines: list[str], i: int) -> bool:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="eagle3-graph",
-        description="Rewrite dvc.yaml's code deps (each stage: the modules it imports).",
+        description="Rewrite dvc.yaml's code deps (each stage: the modules it imports) "
+        "and params (each stage: the keys its input view declares).",
     )
     ap.add_argument("--dvc-yaml", default="dvc.yaml", type=Path)
     ap.add_argument(
@@ -184,8 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         if new != text:
             print(
-                f"eagle3-graph: {path}: code deps differ from the import graph; "
-                "run eagle3-graph to rewrite them",
+                f"eagle3-graph: {path}: code deps differ from the import graph or params "
+                "from the stage input views; run eagle3-graph to rewrite them",
                 file=sys.stderr,
             )
             return 1
@@ -194,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         tmp = path.with_suffix(".yaml.tmp")
         tmp.write_text(new, encoding="utf-8")
         tmp.replace(path)
-        print(f"eagle3-graph: {path}: code deps rewritten")
+        print(f"eagle3-graph: {path}: code deps and params rewritten")
     else:
         print(f"eagle3-graph: {path}: up to date")
     return 0

@@ -17,7 +17,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.core.errors import StageError
 from eagle3_pipeline.runtime.gpu import GpuRelease, GpuSnapshot
 from eagle3_pipeline.runtime.processes import group_members, process_group
@@ -25,6 +24,7 @@ from eagle3_pipeline.train.nodes import Node, failure, this_node
 from eagle3_pipeline.train.online import online_server
 from eagle3_pipeline.train.plan import plan_training
 from eagle3_pipeline.train.run import train
+from eagle3_pipeline.train.view import TrainInputs
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ WORKER_MODULE = "eagle3_pipeline.train.worker"
 STOP_TIMEOUT_S = 30.0  # torchrun's grace after SIGTERM to stop its workers
 
 
-def run_training(cfg: Config, preflight_snapshot: GpuSnapshot | None = None) -> dict[str, Any]:
+def run_training(cfg: TrainInputs, preflight_snapshot: GpuSnapshot | None = None) -> dict[str, Any]:
     """Train (or resume) the draft; the details' content (``paths.details``/train.json,
     not written here). ``preflight_snapshot``: the preflight stage's GPU reading, compared
     with NVML's once the workers exited."""
@@ -71,23 +71,21 @@ def _worker_env(device: str, nproc: int) -> dict[str, str]:
 
 
 def launch_torchrun(
-    cfg: Config, nproc: int, device: str = "cuda", node: Node | None = None
+    cfg: TrainInputs, nproc: int, device: str = "cuda", node: Node | None = None
 ) -> dict[str, Any]:
     """Run this node's workers under torchrun and return rank 0's metrics (+ ``launcher``;
     ``{}`` on a node other than 0, whose workers hold no rank 0).
 
-    The workers get the exact resolved config as a params file. torchrun runs in its own
+    The workers get the stage's input view as a YAML file (:meth:`Inputs.dump`). torchrun runs in its own
     process group (:mod:`eagle3_pipeline.runtime.processes`) so that, on error or Ctrl-C, the
     whole group is stopped: no worker survives the stage. ``launcher.survivors`` counts the
     group's processes still alive once torchrun returned (killed then; 0 is the expected
     reading).
     """
-    from omegaconf import OmegaConf
-
     node = node or Node(1)
     with tempfile.TemporaryDirectory(prefix="eagle3-train-") as tmp:
         params = Path(tmp) / "params.yaml"
-        params.write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)), encoding="utf-8")
+        cfg.dump(params)
         out = Path(tmp) / "metrics.json"
         cmd = [
             sys.executable,

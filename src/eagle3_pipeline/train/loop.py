@@ -26,7 +26,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.draft.shape import build_draft, build_vocab_mapping, load_token_freq
 from eagle3_pipeline.runtime.faults import PREFIX, fault_after
 from eagle3_pipeline.train import warm_start
@@ -46,6 +45,7 @@ from eagle3_pipeline.train.plan import TrainPlan
 from eagle3_pipeline.train.prefetch import prefetch
 from eagle3_pipeline.train.runtime import cuda_attention, cuda_loss
 from eagle3_pipeline.train.state import load_state, save_state
+from eagle3_pipeline.train.view import TrainInputs
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class _RunCounters:
 class DraftTrainer:
     """One training run (one process, or one torchrun rank)."""
 
-    def __init__(self, cfg: Config, plan: TrainPlan, d: Dist, progress: bool = True) -> None:
+    def __init__(self, cfg: TrainInputs, plan: TrainPlan, d: Dist, progress: bool = True) -> None:
         import torch
 
         self.cfg, self.plan, self.d, self.progress = cfg, plan, d, progress

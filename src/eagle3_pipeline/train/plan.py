@@ -12,13 +12,13 @@ import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.draft.shape import DraftShape, check_train_config, special_token_ids
 from eagle3_pipeline.targets.adapter import TargetSpec, load_target_spec
 from eagle3_pipeline.train.errors import TrainingError
 from eagle3_pipeline.train.inputs import check_hidden_states, count_rows, target_model_dir
 from eagle3_pipeline.train.online import OnlineSource
 from eagle3_pipeline.train.runtime import Runtime, choose_parallel, resolve_runtime
+from eagle3_pipeline.train.view import TrainInputs
 from eagle3_pipeline.train.warm_start import (
     InitSource,
     check_compatible,
@@ -39,7 +39,7 @@ class TrainPaths:
     live: Path  # dvclive's directory for this stage
 
     @classmethod
-    def from_config(cls, cfg: Config) -> TrainPaths:
+    def from_config(cls, cfg: TrainInputs) -> TrainPaths:
         paths = cfg.paths
         return cls(
             target_json=Path(paths.target) / "target.json",
@@ -68,7 +68,7 @@ class TrainPlan:
     init_dir: Path | None = None  # the source as our reload reads it (converted if need be)
 
 
-def plan_training(cfg: Config, paths: TrainPaths | None = None) -> TrainPlan:
+def plan_training(cfg: TrainInputs, paths: TrainPaths | None = None) -> TrainPlan:
     """Check the config and every input; :class:`TrainingError` or ``ConfigError`` names
     the first problem."""
     paths = paths or TrainPaths.from_config(cfg)
@@ -106,7 +106,7 @@ def plan_training(cfg: Config, paths: TrainPaths | None = None) -> TrainPlan:
 
 
 def fingerprint(
-    cfg: Config,
+    cfg: TrainInputs,
     spec: TargetSpec,
     shape: DraftShape,
     n_rows: int,

@@ -6,7 +6,7 @@ import resource
 import time
 from typing import Any
 
-from eagle3_pipeline.core.config import Config, eagle3_options
+from eagle3_pipeline.core.config import eagle3_options
 from eagle3_pipeline.train.distributed import (
     close_distributed,
     dist_backend,
@@ -17,9 +17,10 @@ from eagle3_pipeline.train.loop import DraftTrainer
 from eagle3_pipeline.train.plan import plan_training
 from eagle3_pipeline.train.save import save_draft
 from eagle3_pipeline.train.state import full_state_dict
+from eagle3_pipeline.train.view import TrainInputs
 
 
-def train(cfg: Config, progress: bool = True) -> dict[str, Any]:
+def train(cfg: TrainInputs, progress: bool = True) -> dict[str, Any]:
     """Train (or resume) the draft; on rank 0 write data/draft and the curves (dvclive).
 
     Returns the metrics dict (rank 0) or ``{}`` on other ranks.
@@ -58,7 +59,7 @@ def _rate(amount: float, seconds: float) -> float:
 
 
 def run_metrics(
-    cfg: Config,
+    cfg: TrainInputs,
     trainer: DraftTrainer,
     result: dict[str, Any],
     draft_config: dict[str, Any],

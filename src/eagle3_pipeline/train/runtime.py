@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.draft.shape import DraftShape
 from eagle3_pipeline.targets.adapter import TargetSpec
+from eagle3_pipeline.train.view import TrainInputs
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class Runtime:
 DDP_MEMORY_SHARE = 0.6
 
 
-def resolve_runtime(cfg: Config) -> Runtime:
+def resolve_runtime(cfg: TrainInputs) -> Runtime:
     """Device, dtype, attention, loss and worker count: ``train.*`` overrides, else the
     hardware profile. The parallel mode needs the draft's shape: :func:`choose_parallel`.
     The settings were checked when the config was composed (``core.config.validate``)."""
@@ -57,7 +57,7 @@ def resolve_runtime(cfg: Config) -> Runtime:
 
 
 def choose_parallel(
-    cfg: Config, shape: DraftShape, spec: TargetSpec, world: int
+    cfg: TrainInputs, shape: DraftShape, spec: TargetSpec, world: int
 ) -> tuple[str, str]:
     """``(mode, reason)``: none for one process, else ``train.parallel`` or, for auto,
     fsdp when the draft is large, ddp otherwise.

@@ -1,7 +1,7 @@
 """The torchrun worker: ``torchrun -m eagle3_pipeline.train.worker --params FILE --out F``.
 
-The train stage starts it (:mod:`eagle3_pipeline.train.launch`) with the exact resolved
-config as the params file. Rank 0 writes the metrics it computed to ``--out``; the stage
+The train stage starts it (:mod:`eagle3_pipeline.train.launch`) with its input view
+(:class:`~eagle3_pipeline.train.view.TrainInputs`) written to the params file. Rank 0 writes the metrics it computed to ``--out``; the stage
 adds the NVML reading taken after all workers exited and writes the stage's details
 (``paths.details``/train.json).
 """
@@ -11,13 +11,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
-from eagle3_pipeline.core.config import load_config
 from eagle3_pipeline.core.errors import ConfigError, StageError
 from eagle3_pipeline.core.io import atomic_write_json
 from eagle3_pipeline.core.logs import setup_logging
 from eagle3_pipeline.runtime.processes import die_with_parent
 from eagle3_pipeline.train.run import train
+from eagle3_pipeline.train.view import TrainInputs
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -28,7 +29,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     die_with_parent()  # an agent killed with SIGKILL takes its workers with it
     setup_logging()
-    cfg = load_config(params=args.params)
+    cfg = TrainInputs.load(Path(args.params))
     from torch.distributed import DistError
 
     try:

@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.core.errors import StageError
 from eagle3_pipeline.core.metrics import details_path
 from eagle3_pipeline.core.portable import portable
@@ -24,11 +23,12 @@ from eagle3_pipeline.validate.by_set import figures_by_set, headline_by_set
 from eagle3_pipeline.validate.prompt_sets import EvalPrompt
 from eagle3_pipeline.validate.record import ValidateRecord
 from eagle3_pipeline.validate.sweeps import speedup_by_concurrency
+from eagle3_pipeline.validate.view import ValidateInputs
 
 log = logging.getLogger(__name__)
 
 
-def paths(cfg: Config) -> dict[str, Path]:
+def paths(cfg: ValidateInputs) -> dict[str, Path]:
     paths = cfg.paths
     return {
         "target_json": Path(paths.target) / "target.json",
@@ -38,11 +38,6 @@ def paths(cfg: Config) -> dict[str, Path]:
         "metrics": details_path(cfg, "validate"),
         "live": Path(paths.live) / "validate",
     }
-
-
-def runtime(cfg: Config) -> tuple[str, str]:
-    """The engines' device and dtype (the settings' ranges were checked at compose)."""
-    return cfg.validate_runtime()
 
 
 def draft_summary(draft_dir: Path) -> dict[str, Any]:
@@ -111,7 +106,13 @@ def load_tokenizer(spec: Any) -> Any:
 
 
 def measure_acceptance(
-    cfg: Config, spec: Any, draft_dir: Path, prompts_path: Path, k: int, device: str, dtype: str
+    cfg: ValidateInputs,
+    spec: Any,
+    draft_dir: Path,
+    prompts_path: Path,
+    k: int,
+    device: str,
+    dtype: str,
 ) -> tuple[dict[str, Any], list[EvalPrompt], list[Any]]:
     """Our evaluator on every prompt set: the first turns, then (MT-Bench) the second turns
     asked after the target's own first answers. Returns the pooled result, the prompts
@@ -164,7 +165,7 @@ def measure_acceptance(
 
 
 def measure_vllm(
-    cfg: Config,
+    cfg: ValidateInputs,
     spec: Any,
     draft_dir: Path,
     prompts: list[EvalPrompt],
@@ -302,7 +303,7 @@ def measure_vllm(
     return out
 
 
-def check_vllm_agreement(vllm: dict[str, Any], dtype: str, cfg: Config) -> None:
+def check_vllm_agreement(vllm: dict[str, Any], dtype: str, cfg: ValidateInputs) -> None:
     """In float32 vLLM's acceptance length must equal ours and vLLM must be lossless."""
     if dtype != "float32":
         return
@@ -325,7 +326,7 @@ def check_vllm_agreement(vllm: dict[str, Any], dtype: str, cfg: Config) -> None:
         )
 
 
-def check_set_agreement(sets: dict[str, dict[str, Any]], dtype: str, cfg: Config) -> None:
+def check_set_agreement(sets: dict[str, dict[str, Any]], dtype: str, cfg: ValidateInputs) -> None:
     """In float32 each prompt set's vLLM acceptance length must equal ours too."""
     if dtype != "float32":
         return
@@ -341,7 +342,9 @@ def check_set_agreement(sets: dict[str, dict[str, Any]], dtype: str, cfg: Config
             )
 
 
-def validate_draft(cfg: Config, device: str, dtype: str) -> tuple[ValidateRecord, dict[str, Any]]:
+def validate_draft(
+    cfg: ValidateInputs, device: str, dtype: str
+) -> tuple[ValidateRecord, dict[str, Any]]:
     """Check and measure the draft (``device``/``dtype`` from :func:`runtime`); return
     ``(record, context)``: the record for ``paths.details``/validate.json, context for the
     report."""
@@ -533,6 +536,6 @@ def _fmt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.3f}"
 
 
-def data_licence(cfg: Config) -> str:
+def data_licence(cfg: ValidateInputs) -> str:
     """The data's licence as configured (the builtin data group sets the corpus's own)."""
     return cfg.data.license

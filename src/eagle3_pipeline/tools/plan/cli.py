@@ -1,6 +1,6 @@
 """Plan before you spend: resource estimates and the exact commands for a profile.
 
-``python -m eagle3_pipeline.plan.plan [overrides] [--strict] [--out DIR]`` (also ``eagle3-plan``)
+``python -m eagle3_pipeline.tools.plan.cli [overrides] [--strict] [--out DIR]`` (also ``eagle3-plan``)
 reads the composed config and the target's ``config.json`` -- never its weights -- and
 prints, then writes to ``DIR/plan.json``: the target summary, hidden-state storage against
 free disk, the draft's size and training memory against the GPUs, vLLM serving memory per
@@ -23,12 +23,6 @@ from typing import Any
 
 from eagle3_pipeline.core.config import Config, ConfigError, load_config, stage_argparser
 from eagle3_pipeline.core.io import atomic_write_json
-from eagle3_pipeline.plan.modes import (
-    EXTRACT_KV_RESERVE,
-    TRAIN_STAGE,
-    hidden_state_modes,
-    train_on_nodes,
-)
 from eagle3_pipeline.plan.resources import (
     FreeBytesFn,
     disk_need,
@@ -40,8 +34,14 @@ from eagle3_pipeline.plan.resources import (
 )
 from eagle3_pipeline.plan.target_info import TargetInfo, load_target
 from eagle3_pipeline.plan.units import fmt_duration, fmt_gb, fmt_gib
-from eagle3_pipeline.plan.weights import estimate_serving, estimate_target_weights
 from eagle3_pipeline.serving.engine import build_engine
+from eagle3_pipeline.tools.plan.modes import (
+    EXTRACT_KV_RESERVE,
+    TRAIN_STAGE,
+    hidden_state_modes,
+    train_on_nodes,
+)
+from eagle3_pipeline.tools.plan.weights import estimate_serving, estimate_target_weights
 
 # The torchrun workers the train stage launches.
 TRAIN_WORKER = "eagle3_pipeline.train.worker"
@@ -80,8 +80,9 @@ def commands(cfg: Config, target: TargetInfo, overrides: list[str]) -> dict[str,
     """The exact command lines for this profile."""
     from eagle3_pipeline.extract.vllm_backend import STAGING
     from eagle3_pipeline.train.plan import TrainPaths  # paths only; no torch at import time
+    from eagle3_pipeline.train.view import TrainInputs
 
-    paths = TrainPaths.from_config(cfg)
+    paths = TrainPaths.from_config(TrainInputs.from_config(cfg))
     ref = _target_ref(cfg)
     draft_dir = str(paths.draft)
     out: dict[str, Any] = {
@@ -376,7 +377,7 @@ def render_plan(plan: Plan) -> str:
 
 
 def main(argv: list[str] | None = None, free_fn: FreeBytesFn = free_bytes) -> int:
-    parser = stage_argparser("eagle3_pipeline.plan.plan", (__doc__ or "").split("\n\n")[0])
+    parser = stage_argparser("eagle3_pipeline.tools.plan.cli", (__doc__ or "").split("\n\n")[0])
     parser.add_argument("--strict", action="store_true", help="exit 1 when any problem is found")
     parser.add_argument(
         "--out", metavar="DIR", help="write DIR/plan.json (default: <data_dir>/plan)"

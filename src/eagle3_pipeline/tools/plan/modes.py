@@ -20,8 +20,8 @@ from typing import Any
 from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.plan.resources import DraftEstimate, StorageEstimate
 from eagle3_pipeline.plan.target_info import TargetInfo
-from eagle3_pipeline.plan.weights import ServingEstimate
 from eagle3_pipeline.serving.engine import build_engine
+from eagle3_pipeline.tools.plan.weights import ServingEstimate
 from eagle3_pipeline.train.nodes import node_env
 
 GIB = 1024**3

@@ -1,0 +1,41 @@
+"""What the extract stage reads (its input view: see :mod:`eagle3_pipeline.core.inputs`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from eagle3_pipeline.core.choices import Device, Dtype
+from eagle3_pipeline.core.config import ExtractConfig, ServingConfig, VllmConfig
+from eagle3_pipeline.core.inputs import Inputs
+
+
+@dataclass(frozen=True)
+class ExtractModel(Inputs):
+    aux_layer_ids: list[int] | None  # must agree with target.json's (a stale target)
+    dtype: Dtype  # the target's precision on GPUs
+
+
+@dataclass(frozen=True)
+class ExtractHardware(Inputs):
+    name: str  # recorded in the manifest (a reuse key)
+    device: Device
+    gpu_count: int
+    serving: ServingConfig
+
+
+@dataclass(frozen=True)
+class ExtractPaths(Inputs):
+    target: str
+    prepared: str
+    hidden_states: str
+    details: str
+
+
+@dataclass(frozen=True)
+class ExtractInputs(Inputs):
+    seed: int  # the vLLM engine's
+    extract: ExtractConfig
+    model: ExtractModel
+    hardware: ExtractHardware
+    vllm: VllmConfig
+    paths: ExtractPaths
