@@ -140,16 +140,16 @@ def check_preflight(ctx: Context) -> list[str]:
         )
         name = str(rec.gpus[0].get("name", ""))
         expect(not e.gpu_name or e.gpu_name in name, f"GPU {name!r}, expected {e.gpu_name!r}")
-        torch_view = rec.torch or {}
+        tv = rec.torch
         expect(
-            bool(torch_view.get("cuda")) and torch_view.get("device_count", 0) >= e.gpu_count,
-            f"torch's view of CUDA: {torch_view}",
+            tv is not None and bool(tv.cuda) and tv.device_count >= e.gpu_count,
+            f"torch's view of CUDA: {tv}",
         )
+        assert tv is not None
         used = [g.memory_used_mib for g in rec.snapshot.gpus]
         return [
             f"NVML: {name}, driver {rec.driver_version}, {used} MiB used",
-            f"torch {torch_view.get('version')} (CUDA {torch_view.get('cuda')}) sees "
-            f"{torch_view.get('device_count')} GPU(s)",
+            f"torch {tv.version} (CUDA {tv.cuda}) sees {tv.device_count} GPU(s)",
         ]
     expect(rec.no_driver is not None, "NVML found a driver: run hardware=cpu without one")
     expect(rec.gpus == [] and rec.driver_version is None, f"GPUs read: {rec.gpus}")

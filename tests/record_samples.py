@@ -15,10 +15,10 @@ from eagle3_pipeline.extract.record import (
     ManifestSamples,
     ManifestTarget,
 )
-from eagle3_pipeline.preflight.record import PreflightRecord
+from eagle3_pipeline.preflight.record import CheckVerdict, PreflightRecord
 from eagle3_pipeline.runtime.gpu import GpuRelease, GpuSnapshot
 from eagle3_pipeline.targets.record import TargetRecord
-from eagle3_pipeline.train.record import TrainRecord
+from eagle3_pipeline.train.record import TrainRecipe, TrainRecord
 from eagle3_pipeline.validate.record import ValidateRecord
 
 CPU_GPU = GpuRelease(mode="not applicable", reason="trained on CPU")
@@ -42,7 +42,7 @@ def preflight_record(**overrides: Any) -> PreflightRecord:
         packages={"torch": "2.9.0"},
         disk=None,
         vllm=None,
-        checks={"driver": {"passed": True, "reading": "CPU mode", "problems": []}},
+        checks={"driver": CheckVerdict(passed=True, reading="CPU mode", problems=[])},
         snapshot=GpuSnapshot(mode="cpu", gpus=[]),
     )
     return PreflightRecord(**{**fields, **overrides})
@@ -163,7 +163,16 @@ def train_record(**overrides: Any) -> TrainRecord:
         target="tiny-kimi",
         draft_shape={"num_layers": 1},
         draft_vocab_size=1024,
-        recipe={"optimizer": "adamw"},
+        recipe=TrainRecipe(
+            optimizer="adamw",
+            lr=0.003,
+            muon_lr=0.02,
+            scheduler="cosine",
+            norm_before_fc=True,
+            fc_norm=True,
+            norm_output=True,
+            ttt_step_loss_decay=1.0,
+        ),
         required_tokens={},
         aux_layer_ids=[1, 2, 3],
         trainable_parameters=100_000,

@@ -11,19 +11,11 @@ torch is imported only by :func:`torch_view`, which runs for a CUDA profile only
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
+from eagle3_pipeline.preflight.record import TorchView
 from eagle3_pipeline.preflight.result import Check
 from eagle3_pipeline.preflight.view import PreflightInputs
 from eagle3_pipeline.runtime.gpu import GpuInfo, VisibleGpu
-
-
-@dataclass
-class TorchView:
-    version: str | None
-    cuda: str | None  # the CUDA version torch was built with; None for a CPU build
-    device_count: int
-    error: str | None = None
 
 
 def torch_view() -> TorchView:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from eagle3_pipeline.core.errors import ConfigError
@@ -21,7 +21,7 @@ from eagle3_pipeline.preflight.data import check_data_file
 from eagle3_pipeline.preflight.disk import check_disk
 from eagle3_pipeline.preflight.hardware import TorchView, check_driver, gpu_checks, torch_view
 from eagle3_pipeline.preflight.init import check_init_source
-from eagle3_pipeline.preflight.record import PreflightRecord
+from eagle3_pipeline.preflight.record import CheckVerdict, PreflightRecord
 from eagle3_pipeline.preflight.result import Check, PreflightResult, inventory, write_outputs
 from eagle3_pipeline.preflight.software import (
     attention_queries,
@@ -151,14 +151,11 @@ def run_preflight(
         cuda_device_order=env.get("CUDA_DEVICE_ORDER"),
         gpu_count_visible=len(visible),
         gpus=records,
-        torch=asdict(view) if view else None,
+        torch=view,
         packages=vers,
         disk=disk_info,
         vllm=vllm_reading.to_dict() if vllm_reading is not None else None,
-        checks={
-            c.name: {"passed": c.passed, "reading": c.reading, "problems": c.problems}
-            for c in checks
-        },
+        checks={c.name: CheckVerdict(c.passed, c.reading, c.problems) for c in checks},
         snapshot=_snapshot(mode, visible),
     )
     return PreflightResult(

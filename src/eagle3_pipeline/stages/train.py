@@ -44,7 +44,10 @@ def run(cfg: TrainInputs) -> None:
         return
     before = preflight_snapshot(cfg)
     remove_path(details_path(cfg, "train"))
-    record = TrainRecord(**run_training(cfg, before))
+    figures = run_training(cfg, before)
+    record = TrainRecord.from_dict(
+        {**figures, "version": TrainRecord.schema_version()}, "the train workers' figures"
+    )
     write_details(cfg, record)
     write_summary(TrainPaths.from_config(cfg).live, record)
     log.info(

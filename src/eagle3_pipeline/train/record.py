@@ -18,6 +18,40 @@ from eagle3_pipeline.core.records import Record, headline, optional
 from eagle3_pipeline.runtime.gpu import GpuRelease
 
 
+@dataclass(frozen=True)
+class TrainRecipe:
+    """How the draft was trained, as ``bench/recipe.py`` and the README compare recipes."""
+
+    optimizer: str  # train.optimizer
+    lr: float  # AdamW's (and Muon's 1-D parameters')
+    muon_lr: float  # Muon's matrices' (train.optimizer=muon)
+    scheduler: str  # train.scheduler
+    norm_before_fc: bool  # EAGLE-3.1: the aux states normalised before fc
+    fc_norm: bool  # EAGLE-3.1: fc's output normalised
+    norm_output: bool  # EAGLE-3.1: the layer's output normalised before lm_head
+    ttt_step_loss_decay: float  # weight of TTT step i: decay**i
+
+
+@dataclass(frozen=True)
+class InitFrom:
+    """train.init_from: the warm start's source."""
+
+    path: str  # as configured
+    format: str  # speculators, mla or eagle3: the layout it was read in
+    sha256: str  # of its content: a resumable state belongs to it
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """How torchrun was started for this run."""
+
+    command: str  # the torchrun command line, as run
+    nproc: int  # workers on this node
+    nodes: int  # torchrun's --nnodes
+    process_group: int  # the group stopped as one on error or Ctrl-C
+    survivors: int  # its processes still alive once torchrun returned (killed then)
+
+
 @dataclass(kw_only=True)
 class TrainRecord(Record):
     STAGE = "train"
@@ -53,17 +87,16 @@ class TrainRecord(Record):
     target: str  # the target's name (model.name): the plan trusts only its own target's rate
     draft_shape: dict[str, Any]  # the draft's layers, heads, sizes
     draft_vocab_size: int  # train.draft_vocab_size
-    recipe: dict[str, Any]  # optimizer, learning rates, scheduler, norms, loss decay
+    recipe: TrainRecipe  # optimizer, learning rates, scheduler, norms, loss decay
     required_tokens: dict[str, int]  # special tokens the draft vocabulary must keep
     aux_layer_ids: list[int] | None  # the target layers the saved draft reads
     trainable_parameters: int  # of the draft, on rank 0
     local_parameter_fraction: float  # share rank 0 holds: 1 unsharded, ~1/world under FSDP
     train_rows: int  # rows trained on
     val_rows: int  # rows held out for val_loss
-    # train.init_from: path, format, sha256 of the source (None: fresh weights)
-    init_from: dict[str, Any] | None = optional()
+    init_from: InitFrom | None = optional()  # the warm start's source (None: fresh weights)
     # added by the stage
-    launcher: dict[str, Any] | None = optional()  # torchrun: command, nproc, survivors
+    launcher: Launcher | None = optional()  # torchrun's (None: trained in the stage's process)
     hidden_states: str  # offline (files) or online (a vLLM server during training)
     gpu: GpuRelease  # NVML after the workers exited, vs preflight's snapshot
     gpu_released: bool | None  # GPU memory back to preflight's reading (None: not checked)
