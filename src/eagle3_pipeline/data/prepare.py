@@ -296,5 +296,5 @@ def prepare(cfg: PrepareInputs, progress: bool = True) -> PrepareRecord:
         license=d.license,
         data_sha256=source_file.sha256 if source_file else None,
         pinned=source_file.pinned if source_file else None,
-        turns=[asdict(t) for t in per_turn],
+        turns=list(per_turn),
     )

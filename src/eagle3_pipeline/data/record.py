@@ -55,7 +55,7 @@ class PrepareRecord(Record):
     pinned: str | None = optional()  # package==version of a pinned data file
     # per assistant turn (0 = each conversation's first answer): rows and mean tokens of
     # context and of answer before truncation (TurnTokens), regenerated or recorded
-    turns: list[dict[str, Any]] | None = optional()
+    turns: list[TurnTokens] | None = optional()
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class TurnTokens:
     contexts grow with the target's own earlier answers in them, and how long it answers."""
 
     turn: int  # 0 = the first answer of each conversation
-    rows: int
-    mean_prompt_tokens: float
-    mean_completion_tokens: float
-    max_prompt_tokens: int
+    rows: int  # training rows with an answer at this position
+    mean_prompt_tokens: float  # the context before the answer
+    mean_completion_tokens: float  # the answer, before truncation
+    max_prompt_tokens: int  # the longest context
