@@ -33,7 +33,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from eagle3_pipeline.core.config import Config
 
 REPO = Path(__file__).resolve().parents[1]
 SRC = REPO / "src"
@@ -106,7 +109,7 @@ class Expected:
 
 @dataclass
 class Context:
-    cfg: Any  # the composed Config
+    cfg: Config  # the composed config
     expected: Expected
     facts: dict[str, list[str]] = field(default_factory=dict)
 
@@ -322,7 +325,7 @@ def overrides_for(user: list[str], device: str) -> list[str]:
     return [*SIZE, *user, *dtype, *FIXED]
 
 
-def compose(overrides: list[str]) -> Any:
+def compose(overrides: list[str]) -> Config:
     from eagle3_pipeline.core.config import ConfigError, load_config
 
     try:
@@ -331,11 +334,14 @@ def compose(overrides: list[str]) -> Any:
         raise UsageError(f"{exc} (in the overrides given)") from None
 
 
-def expected(cfg: Any) -> Expected:
+def expected(cfg: Config) -> Expected:
+    from eagle3_pipeline.core.config import validate_runtime
     from eagle3_pipeline.train.runtime import resolve_runtime
+    from eagle3_pipeline.train.view import TrainInputs
 
-    rt = resolve_runtime(cfg)
-    v_device, v_dtype = cfg.validate_runtime()
+    rt = resolve_runtime(TrainInputs.from_config(cfg))
+    v = cfg.validate
+    v_device, v_dtype = validate_runtime(v.device, v.dtype, cfg.hardware.device, cfg.model.dtype)
     hw = cfg.hardware
     return Expected(
         hardware=hw.name,

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 from stage_graph import ROOT, STAGES
-from view_reads import mypy_reads, unread
+from view_reads import Reads, mypy_reads, unread
 
 from eagle3_pipeline.tools.graph import inputs_view, params
 
@@ -77,26 +77,45 @@ def test_params_are_the_views_keys(stage: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def reads(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
+def reads(tmp_path_factory: pytest.TempPathFactory) -> Reads:
     return mypy_reads(tmp_path_factory.mktemp("mypy"))
 
 
 @pytest.mark.integration
 @pytest.mark.parametrize("stage", STAGES)
-def test_every_declared_key_is_read(reads: set[str], stage: str) -> None:
+def test_every_declared_key_is_read(reads: Reads, stage: str) -> None:
     missing = unread(inputs_view(stage), reads)
     assert not missing, f"{stage} declares keys its code never reads: {missing}"
 
 
 @pytest.mark.integration
-def test_an_unread_key_is_reported(reads: set[str]) -> None:
+def test_an_unread_key_is_reported(reads: Reads) -> None:
     """The check can fail: drop the one read of validate's ``train.samples`` (the model
-    card's) and it is reported."""
+    card's) and it is reported, although preflight's estimate reads a ``samples`` through
+    a Protocol that validate's view would satisfy (validate's is never passed as it)."""
     from eagle3_pipeline.validate.view import ValidateInputs
 
     read = "eagle3_pipeline.validate.view.ValidateTrain.samples"
-    assert read in reads
-    assert unread(ValidateInputs, reads - {read}) == ["train.samples"]
+    assert read in reads.fields
+    assert "eagle3_pipeline.plan.resources._Samples.samples" in reads.fields
+    less = Reads(reads.fields - {read}, reads.passes)
+    assert unread(ValidateInputs, less) == ["train.samples"]
+
+
+@pytest.mark.integration
+def test_a_read_through_a_protocol_counts_for_the_view_passed_as_it(reads: Reads) -> None:
+    """``build_engine`` reads ``hardware.serving`` through a Protocol: validate's view is
+    passed as it, so its ``hardware.serving`` is read; without that call it would not be."""
+    from eagle3_pipeline.validate.view import ValidateInputs
+
+    passes = {(a, p) for a, p in reads.passes if p.endswith("engine.EngineInputs")}
+    assert (
+        "eagle3_pipeline.validate.view.ValidateInputs",
+        "eagle3_pipeline.serving.engine.EngineInputs",
+    ) in passes
+    assert "hardware.serving" not in unread(ValidateInputs, reads)
+    alone = Reads(reads.fields, reads.passes - passes)
+    assert "hardware.serving" in unread(ValidateInputs, alone)
 
 
 @pytest.mark.integration

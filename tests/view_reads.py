@@ -1,20 +1,25 @@
 """Which fields of the stage input views the code reads, as mypy sees it.
 
 A mypy plugin (this module, loaded by mypy through ``plugins =``) writes one line per
-attribute read, with the static type it is read on: ``module.Class.field file:line``. It
-sees what a name-based search cannot: ``inputs.hardware.device`` is a read of
-``TrainHardware.device``, not of every ``device``. A read through a Protocol (a function
-shared by several stages types its argument with one) is a read of the Protocol's member;
-:func:`unread` credits it to the view fields of that name that satisfy the Protocol."""
+attribute read, with the static type it is read on (``READ module.Class.field``). It sees
+what a name-based search cannot: ``inputs.hardware.device`` is a read of
+``TrainHardware.device``, not of every ``device``. A function shared by several stages
+types its argument with a Protocol, so a read there is a read of the Protocol's member;
+the plugin also writes each call that passes a class where a Protocol is expected
+(``PASS module.View AS module.Proto``), and :func:`unread` credits a Protocol's member
+read to the fields of exactly the classes passed as it (and, member by member, to the
+sub-views those hold)."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 import subprocess
 import sys
 import typing
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +30,15 @@ OUT_ENV = "EAGLE3_VIEW_READS_OUT"
 # --------------------------------------------------------------------------- the plugin
 
 
+def _write(line: str) -> None:
+    with open(os.environ[OUT_ENV], "a", encoding="utf-8") as fh:
+        fh.write(line + "\n")
+
+
 def plugin(version: str) -> type[Any]:
     from mypy.nodes import MemberExpr
-    from mypy.plugin import AttributeContext, Plugin
-    from mypy.types import Type
+    from mypy.plugin import AttributeContext, FunctionSigContext, Plugin
+    from mypy.types import CallableType, Instance, Type, get_proper_type
 
     class ViewReads(Plugin):
         def get_attribute_hook(self, fullname: str) -> Callable[[AttributeContext], Type] | None:
@@ -37,9 +47,28 @@ def plugin(version: str) -> type[Any]:
 
             def hook(ctx: AttributeContext) -> Type:
                 if isinstance(ctx.context, MemberExpr) and not ctx.is_lvalue:
-                    with open(os.environ[OUT_ENV], "a", encoding="utf-8") as fh:
-                        fh.write(f"{fullname} {ctx.api.path}:{ctx.context.line}\n")
+                    _write(f"READ {fullname} {ctx.api.path}:{ctx.context.line}")
                 return ctx.default_attr_type
+
+            return hook
+
+        def get_function_signature_hook(
+            self, fullname: str
+        ) -> Callable[[FunctionSigContext], CallableType] | None:
+            if not fullname.startswith("eagle3_pipeline."):
+                return None
+
+            def hook(ctx: FunctionSigContext) -> CallableType:
+                sig = ctx.default_signature
+                for formal, exprs in zip(sig.arg_types, ctx.args, strict=False):
+                    f = get_proper_type(formal)
+                    if not (isinstance(f, Instance) and f.type.is_protocol):
+                        continue
+                    for e in exprs:
+                        a = get_proper_type(ctx.api.get_expression_type(e))
+                        if isinstance(a, Instance):
+                            _write(f"PASS {a.type.fullname} AS {f.type.fullname}")
+                return sig
 
             return hook
 
@@ -49,9 +78,18 @@ def plugin(version: str) -> type[Any]:
 # --------------------------------------------------------------------------- running it
 
 
-def mypy_reads(work: Path, files: list[str] | None = None) -> set[str]:
-    """``module.Class.field`` of every attribute read in ``files`` (default: the package),
-    from a full mypy run with the plugin (no cache: a cached module is not re-read)."""
+@dataclass(frozen=True)
+class Reads:
+    """What the plugin saw: attributes read (``module.Class.field``) and classes passed
+    where a Protocol is expected (``(class, protocol)``, full names)."""
+
+    fields: frozenset[str]
+    passes: frozenset[tuple[str, str]]
+
+
+def mypy_reads(work: Path, files: list[str] | None = None) -> Reads:
+    """What the code in ``files`` (default: the package) reads, from a full mypy run with
+    the plugin (no cache: a cached module is not re-read)."""
     out = work / "reads.txt"
     ini = work / "mypy.ini"
     ini.write_text(
@@ -71,8 +109,11 @@ def mypy_reads(work: Path, files: list[str] | None = None) -> set[str]:
     )
     if proc.returncode not in (0, 1):
         raise AssertionError(f"mypy failed ({proc.returncode}): {proc.stdout[-3000:]}{proc.stderr}")
-    text = out.read_text(encoding="utf-8") if out.exists() else ""
-    return {line.split()[0] for line in text.splitlines() if line.strip()}
+    lines = out.read_text(encoding="utf-8").splitlines() if out.exists() else []
+    return Reads(
+        frozenset(ln.split()[1] for ln in lines if ln.startswith("READ ")),
+        frozenset((ln.split()[1], ln.split()[3]) for ln in lines if ln.startswith("PASS ")),
+    )
 
 
 # --------------------------------------------------------------------------- the check
@@ -91,61 +132,67 @@ def _leaves(view: type, prefix: str = "") -> Iterator[tuple[str, type, str]]:
             yield f"{prefix}{f.name}", view, f.name
 
 
-def _views(view: type) -> Iterator[type]:
-    """``view`` and its sub-view classes."""
-    from eagle3_pipeline.core.inputs import Inputs
-
-    yield view
-    hints = typing.get_type_hints(view)
-    for f in dataclasses.fields(view):
-        sub = hints[f.name]
-        if isinstance(sub, type) and issubclass(sub, Inputs):
-            yield from _views(sub)
-
-
-def _protocol_members(fullname_class: str) -> set[str] | None:
-    """The members of ``module.Class`` when it is a Protocol, else None."""
-    module, _, name = fullname_class.rpartition(".")
+def _class(fullname: str) -> type | None:
+    module, _, name = fullname.rpartition(".")
     try:
-        cls = getattr(__import__(module, fromlist=[name]), name)
-    except (ImportError, AttributeError):
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
         return None
-    if not getattr(cls, "_is_protocol", False):
-        return None
-    return (
-        set(typing.get_protocol_members(cls))
-        if hasattr(typing, "get_protocol_members")
-        else {k for k in vars(cls) if not k.startswith("_")}
-    )
 
 
-def _satisfies(view: type, members: set[str]) -> bool:
-    names = {f.name for f in dataclasses.fields(view)} | {
-        k for k in dir(view) if not k.startswith("_")
-    }
-    return members <= names
+def _member_types(cls: type) -> dict[str, Any]:
+    """The declared type of each member of ``cls``: a dataclass's fields, a Protocol's
+    properties (their return annotation)."""
+    if dataclasses.is_dataclass(cls):
+        return dict(typing.get_type_hints(cls))
+    out = {}
+    for klass in reversed(cls.__mro__):
+        for name, value in vars(klass).items():
+            if isinstance(value, property) and value.fget is not None:
+                out[name] = typing.get_type_hints(value.fget).get("return")
+    return out
 
 
-def unread(view: type, reads: set[str]) -> list[str]:
+def _fullname(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def passed_as(passes: frozenset[tuple[str, str]]) -> set[tuple[str, str]]:
+    """Every (class, Protocol) a value of the class reaches the Protocol's code as: the
+    calls seen, through chains (a Protocol passed on as another), and member by member (a
+    view passed as P, whose member m is typed as Protocol Q, passes its field m's class as
+    Q)."""
+    found = set(passes)
+    while True:
+        more = set()
+        for a, p in found:
+            more |= {(a, q) for b, q in found if b == p}
+            a_cls, p_cls = _class(a), _class(p)
+            if a_cls is None or p_cls is None or not getattr(p_cls, "_is_protocol", False):
+                continue
+            a_types = _member_types(a_cls)
+            for m, q_type in _member_types(p_cls).items():
+                b_type = a_types.get(m)
+                if isinstance(q_type, type) and isinstance(b_type, type):
+                    if getattr(q_type, "_is_protocol", False):
+                        more.add((_fullname(b_type), _fullname(q_type)))
+        if more <= found:
+            return found
+        found |= more
+
+
+def unread(view: type, reads: Reads) -> list[str]:
     """The dotted keys of ``view`` that no code reads: neither on the view class that
-    declares them nor, by name, on a Protocol that class satisfies."""
+    declares them nor on a Protocol that class is passed as."""
     protocols: dict[str, set[str]] = {}
-    read_names: dict[str, set[str]] = {}
-    for r in reads:
-        cls, _, attr = r.rpartition(".")
-        read_names.setdefault(cls, set()).add(attr)
-    for cls in read_names:
-        members = _protocol_members(cls)
-        if members is not None:
-            protocols[cls] = members
+    for a, p in passed_as(reads.passes):
+        protocols.setdefault(a, set()).add(p)
     out = []
     for key, owner, name in _leaves(view):
-        qual = f"{owner.__module__}.{owner.__qualname__}"
-        if name in read_names.get(qual, set()):
+        qual = _fullname(owner)
+        if f"{qual}.{name}" in reads.fields:
             continue
-        if any(
-            name in read_names[p] and _satisfies(owner, members) for p, members in protocols.items()
-        ):
+        if any(f"{p}.{name}" in reads.fields for p in protocols.get(qual, ())):
             continue
         out.append(key)
     return out
