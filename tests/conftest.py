@@ -33,14 +33,17 @@ MODEL_FIXTURES = frozenset(
 # and the workers finish together instead of one starting the longest file last. A file not
 # listed weighs 0 and keeps its place; a stale figure only costs balance, never a result.
 FILE_SECONDS = {
-    "test_pipeline_dvc.py": 1500,
+    "test_pipeline_dvc.py": 1700,
     "test_real_model.py": 600,
-    "test_online.py": 450,
-    "test_validate.py": 400,
-    "test_vllm_real.py": 300,
-    "test_vllm_compat.py": 300,
+    "test_vllm_compat.py": 330,
+    "test_vllm_real.py": 330,
+    "test_online.py": 330,
+    "test_validate.py": 320,
+    "test_training.py": 300,
     "test_integrity.py": 250,
-    "test_gpu_proof.py": 150,
+    "test_gpu_proof.py": 200,
+    "test_stage_inputs.py": 130,
+    "test_dvc_graph.py": 100,
 }
 
 # At most this many workers under ``-n auto``: each may hold a vLLM server and a model.
