@@ -28,7 +28,7 @@ MODEL_FIXTURES = frozenset(
     {"tiny_target", "tiny_llama_target", "validate_workdir", "tiny_qwen3_moe"}
 )
 
-# The files that take longest (seconds measured on 2 cores, one process): pytest-xdist's
+# The files that take longest (seconds measured on 2 cores, two workers): pytest-xdist's
 # ``--dist loadfile`` hands each worker whole files in collection order, so these go first
 # and the workers finish together instead of one starting the longest file last. A file not
 # listed weighs 0 and keeps its place; a stale figure only costs balance, never a result.
