@@ -24,7 +24,7 @@ class TrainRecipe:
 
     optimizer: str  # train.optimizer
     lr: float  # AdamW's (and Muon's 1-D parameters')
-    muon_lr: float  # Muon's matrices' (train.optimizer=muon)
+    muon_lr: float | None  # Muon's matrices' (null: lr, speculators' rule)
     scheduler: str  # train.scheduler
     norm_before_fc: bool  # EAGLE-3.1: the aux states normalised before fc
     fc_norm: bool  # EAGLE-3.1: fc's output normalised
