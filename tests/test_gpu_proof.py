@@ -33,7 +33,9 @@ from record_samples import (
 from stage_graph import STAGES, _module_file, executed_modules
 
 from eagle3_pipeline.core.config import load_config
+from eagle3_pipeline.preflight.record import TorchView
 from eagle3_pipeline.runtime.gpu import GpuMemory, GpuRelease, GpuSnapshot
+from eagle3_pipeline.train.record import Launcher
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "scripts"
@@ -148,7 +150,7 @@ def _gpu_run(cfg: Any) -> dict[str, Any]:
             no_driver=None,
             gpu_count_visible=1,
             gpus=[{"name": "NVIDIA H200", "memory_used_mib": 1, "cuda_index": 0}],
-            torch={"version": "2.11.0", "cuda": "13.0", "device_count": 1, "error": None},
+            torch=TorchView(version="2.11.0", cuda="13.0", device_count=1),
             packages={"torch": "2.11.0", "speculators": "0.9.0"},
             snapshot=SNAP,
         ),
@@ -170,7 +172,13 @@ def _gpu_run(cfg: Any) -> dict[str, Any]:
         "train": train_record(
             device="cuda",
             dtype="bfloat16",
-            launcher={"nproc": 1, "survivors": 0},
+            launcher=Launcher(
+                command="torchrun --nproc_per_node=1 -m eagle3_pipeline.train.worker",
+                nproc=1,
+                nodes=1,
+                process_group=4242,
+                survivors=0,
+            ),
             gpu=GpuRelease(
                 mode="cuda",
                 after_workers_exit=SNAP,
