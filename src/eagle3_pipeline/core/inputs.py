@@ -41,6 +41,15 @@ def untracked(why: str) -> Any:
     return dataclasses.field(metadata={UNTRACKED: why})
 
 
+def cache_place() -> Any:
+    """The field of ``paths.cache``: read, never tracked (a content-keyed cache outside
+    every output: where it lies changes no result)."""
+    return untracked(
+        "content-keyed caches (regenerated turns, file hashes) outside every output: "
+        "where they lie changes no result"
+    )
+
+
 @dataclass(frozen=True)
 class Inputs:
     """Base of the stage input views (see the module's docstring)."""

@@ -13,7 +13,7 @@ from eagle3_pipeline.core.config import (
     VllmConfig,
     built_here,
 )
-from eagle3_pipeline.core.inputs import Inputs, untracked
+from eagle3_pipeline.core.inputs import Inputs, cache_place
 
 
 @dataclass(frozen=True)
@@ -50,10 +50,7 @@ class PreparePaths(Inputs):
     heldout: str
     bad_lines: str
     details: str
-    cache: str = untracked(
-        "content-keyed caches (regenerated turns, file hashes) outside every output: "
-        "where they lie changes no result"
-    )
+    cache: str = cache_place()
 
 
 @dataclass(frozen=True)

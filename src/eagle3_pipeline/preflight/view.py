@@ -16,7 +16,7 @@ from eagle3_pipeline.core.config import (
     PreflightConfig,
     validate_runtime,
 )
-from eagle3_pipeline.core.inputs import Inputs, untracked
+from eagle3_pipeline.core.inputs import Inputs, cache_place
 
 
 @dataclass(frozen=True)
@@ -74,10 +74,7 @@ class PreflightPaths(Inputs):
     data_fingerprint: str
     init_fingerprint: str
     details: str
-    cache: str = untracked(
-        "content-keyed caches (file hashes remembered by stat) outside every output: "
-        "where they lie changes no result"
-    )
+    cache: str = cache_place()
 
 
 @dataclass(frozen=True)

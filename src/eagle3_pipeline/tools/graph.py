@@ -162,8 +162,10 @@ def render(text: str) -> str:
         m = _STAGE.match(line)
         if m:
             stage = m.group(1)
-        keys = params(stage, graph[stage]) if stage in STAGES else None
-        if keys is not None and line.strip() == "params:":
+        keys = (
+            params(stage, graph[stage]) if stage in STAGES and line.strip() == "params:" else None
+        )
+        if keys is not None:
             out.append(line)
             indent = len(line) - len(line.lstrip())
             out.extend(f"{' ' * (indent + 2)}- {k}" for k in keys)
