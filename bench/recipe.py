@@ -277,10 +277,10 @@ def serve(
         os.chdir(old)
     fig = acceptance_figures(run["counters"])
     return {
-        "acceptance_length": fig["mean_acceptance_length"],
-        "per_position_rate": fig["per_position_rate"],
+        "acceptance_length": fig.mean_acceptance_length,
+        "per_position_rate": fig.per_position_rate,
         "by_set": {
-            n: f["mean_acceptance_length"]
+            n: f.mean_acceptance_length
             for n, f in vllm_by_set(prompts, run["group_counters"]).items()
         },
         "tokens_per_s": run["tokens_per_s"],

@@ -39,7 +39,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from eagle3_pipeline.core.config import load_config
-    from eagle3_pipeline.serving.engine import build_engine
+    from eagle3_pipeline.serving.engine import CompilationConfig, build_engine
     from eagle3_pipeline.serving.env import find_python
     from eagle3_pipeline.serving.offline import run_offline
     from eagle3_pipeline.targets.adapter import load_target_spec
@@ -69,7 +69,7 @@ def main() -> None:
         ),
         "target, MLA off": dataclasses.replace(base, env={**base.env, "VLLM_MLA_DISABLE": "1"}),
         "target, rotary op off": dataclasses.replace(
-            base, compilation_config={"custom_ops": ["-rotary_embedding"]}
+            base, compilation_config=CompilationConfig(["-rotary_embedding"])
         ),
     }
     tps: dict[str, list[float]] = {name: [] for name in engines}

@@ -208,3 +208,79 @@ def validate_record(**overrides: Any) -> ValidateRecord:
         dtype="float32",
     )
     return ValidateRecord(**{**fields, **overrides})
+
+
+def validate_record_in_vllm() -> ValidateRecord:
+    """A validate record with every vLLM section (sets with turns and categories, sampled,
+    concurrency, K sweep, engines), built by the validate stage's own producers from
+    plausible counters, so its nested types are the ones the stage writes."""
+    from eagle3_pipeline.serving.engine import CompilationConfig
+    from eagle3_pipeline.validate.acceptance import PromptResult, pool
+    from eagle3_pipeline.validate.by_set import figures_by_set, headline_by_set
+    from eagle3_pipeline.validate.prompt_sets import EvalPrompt
+    from eagle3_pipeline.validate.record import EngineWorkaround
+    from eagle3_pipeline.validate.run import set_vllm_headline
+    from eagle3_pipeline.validate.sweeps import concurrency_figures, sampled_figures
+    from eagle3_pipeline.validate.vllm import compare, k_sweep_figures
+
+    prompts = [
+        EvalPrompt(id=f"q{i}", set=s, category=c, turn=t, messages=[], prompt_ids=[1, 2])
+        for i, (s, c, t) in enumerate(
+            [("mt_bench", "coding", 1), ("mt_bench", "math", 2), ("humaneval", None, 1)]
+        )
+    ]
+    results = [
+        PromptResult(
+            p.id,
+            2,
+            [5, 6, 7, 8],
+            steps=2,
+            step_tokens=3,
+            accepted_per_pos=[1, 0],
+            accepted=1,
+            lossless=True,
+        )
+        for p in prompts
+    ]
+    counters = {"drafts": 2, "draft_tokens": 4, "accepted": 1, "accepted_per_pos": [1, 0]}
+    groups = {p.group: counters for p in prompts}
+    total = {"drafts": 6, "draft_tokens": 12, "accepted": 3, "accepted_per_pos": [3, 0]}
+    out = [r.tokens for r in results]
+
+    def run(tps: float) -> dict[str, Any]:
+        return {
+            "tokens_per_s": tps,
+            "outputs": out,
+            "counters": total,
+            "generated_tokens": 12,
+            "group_counters": groups,
+            "load_s": 3.0,
+            "wall_s": 1.0,
+        }
+
+    acc = pool(results, 2, 8)
+    vllm = compare(acc, run(12.0), run(10.0), 2)
+    vllm.sampled = sampled_figures(run(11.0), 0.7, 0, prompts)
+    vllm.concurrency = concurrency_figures(
+        {1: run(12.0), 2: run(18.0)}, {1: run(10.0), 2: run(20.0)}
+    )
+    vllm.k_sweep, best = k_sweep_figures({1: run(11.0), 2: run(12.0)}, run(10.0))
+    vllm.best_k, vllm.best_k_speedup = (best.k, best.speedup) if best else (None, None)
+    vllm.mode, vllm.dtype = "offline", "float32"
+    vllm.commands = {"with_draft": "vllm serve m", "without_draft": "vllm serve m"}
+    vllm.workarounds = {
+        "with_draft": EngineWorkaround({"VLLM_CPU_KVCACHE_SPACE": "1"}, None, ["expand"]),
+        "without_draft": EngineWorkaround({}, CompilationConfig(["-rotary_embedding"]), None),
+    }
+    sets = figures_by_set(prompts, results, 2, 8, groups)
+    record = validate_record(
+        k=2,
+        per_position_rate=acc.per_position_rate,
+        per_position_conditional=acc.per_position_conditional,
+        accepted_per_pos=acc.accepted_per_pos,
+        prompt_sets=list(sets),
+        acceptance_by_set=headline_by_set(sets),
+        sets=sets,
+    )
+    set_vllm_headline(record, vllm, benchmarks=True)
+    return record

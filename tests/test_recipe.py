@@ -143,15 +143,16 @@ def test_k_sweep_reports_each_k_against_the_same_baseline_and_the_best():
         },
         plain,
     )
-    assert [r["k"] for r in out["k_sweep"]] == [1, 2, 3]
-    assert [r["speedup"] for r in out["k_sweep"]] == pytest.approx([1.4, 1.6, 1.5])
-    assert out["k_sweep"][1]["acceptance_length"] == pytest.approx(1 + 100 / 80)
-    assert out["k_sweep"][1]["per_position_rate"] == pytest.approx([0.75, 0.5])
-    assert [r["lossless"] for r in out["k_sweep"]] == [True, True, False]
-    assert out["best_k"] == 2 and out["best_k_speedup"] == pytest.approx(1.6)
+    rows, best = out
+    assert [r.k for r in rows] == [1, 2, 3]
+    assert [r.speedup for r in rows] == pytest.approx([1.4, 1.6, 1.5])
+    assert rows[1].acceptance_length == pytest.approx(1 + 100 / 80)
+    assert rows[1].per_position_rate == pytest.approx([0.75, 0.5])
+    assert [r.lossless for r in rows] == [True, True, False]
+    assert best is not None and best.k == 2 and best.speedup == pytest.approx(1.6)
     # the recommendation follows vLLM's tokens/s, not acceptance: K=3 accepts the most
-    longest = max(out["k_sweep"], key=lambda r: r["acceptance_length"])
-    assert longest["k"] == 3 and longest["k"] != out["best_k"]
+    longest = max(rows, key=lambda r: r.acceptance_length or 0.0)
+    assert longest.k == 3 and longest.k != best.k
 
 
 def test_an_option_the_installed_vllm_does_not_read_is_refused_at_preflight():

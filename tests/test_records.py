@@ -24,6 +24,7 @@ from record_samples import (
     target_record,
     train_record,
     validate_record,
+    validate_record_in_vllm,
 )
 
 import eagle3_pipeline
@@ -64,6 +65,7 @@ SAMPLES = {
     "manifest": manifest(),
     "train": train_record(),
     "validate": validate_record(),
+    "validate_in_vllm": validate_record_in_vllm(),
 }
 
 
@@ -95,6 +97,38 @@ def _records_in_the_package() -> set[type[Record]]:
     for path in sorted(src.glob("*/record.py")):
         importlib.import_module(f"eagle3_pipeline.{path.parent.name}.record")
     return set(Record.__subclasses__())
+
+
+def _nested_dataclasses(cls: type) -> set[type]:
+    """The dataclasses a record's fields hold, at any depth (lists, dicts, unions)."""
+    import typing
+
+    seen: set[type] = set()
+
+    def visit(tp: object) -> None:
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+            if tp not in seen:
+                seen.add(tp)
+                for hint in typing.get_type_hints(tp).values():
+                    visit(hint)
+            return
+        for arg in typing.get_args(tp):
+            visit(arg)
+
+    for hint in typing.get_type_hints(cls).values():
+        visit(hint)
+    return seen
+
+
+def test_every_nested_field_is_declared_with_its_comment() -> None:
+    """The records' nested parts (the GPU snapshot, vLLM's figures, ...) are schema too:
+    each field says what it is."""
+    nested = set().union(*(_nested_dataclasses(cls) for cls in RECORDS)) - set(RECORDS)
+    assert len(nested) > 10  # the walk reaches them
+    for cls in sorted(nested, key=lambda c: c.__qualname__):
+        own = [f for f in _declarations(cls)]
+        uncommented = [name for name, comment in own if not comment]
+        assert not uncommented, f"{cls.__qualname__}: fields without a comment: {uncommented}"
 
 
 def _declarations(cls: type) -> list[tuple[str, str]]:
@@ -515,3 +549,66 @@ def test_an_int_figure_is_a_valid_float_and_enums_come_back_as_enums(tmp_path: P
     data["tokens_per_s"] = 100  # JSON has one number type: 100 is a float figure too
     path.write_text(json.dumps(data))
     assert TrainRecord.read(path).tokens_per_s == 100
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "needle"),
+    [
+        ("vllm.concurrency.levels[1].speedup", "fast", "vllm.concurrency.levels[1].speedup"),
+        ("sets.mt_bench.categories.math.ours.prompts", 1.5, "sets.mt_bench.categories.math"),
+        ("vllm.workarounds.with_draft.env", ["x"], "vllm.workarounds.with_draft.env"),
+        ("divergences", [{"prompt": "q0", "position": "3", "top2_margin": None}], "divergences"),
+    ],
+)
+def test_a_wrong_type_deep_in_validates_figures_names_the_dotted_key(
+    tmp_path: Path, key: str, value: object, needle: str
+) -> None:
+    """vLLM's figures, the sets and the divergences are typed all the way down: the report
+    reads them as attributes, so a damaged leaf is refused where the file is read."""
+    path = tmp_path / "validate.json"
+    validate_record_in_vllm().write(path)
+    data = json.loads(path.read_text())
+    *parents, leaf = key.replace("[1]", ".1").split(".")
+    node = data
+    for part in parents:
+        node = node[int(part)] if part.isdigit() else node[part]
+    assert leaf in node  # the sample has the field: the test damages a real key
+    node[leaf] = value
+    path.write_text(json.dumps(data))
+    with pytest.raises(RecordError) as err:
+        ValidateRecord.read(path)
+    msg = str(err.value)
+    assert msg.startswith(f"{path}: ") and needle in msg and "\n" not in msg, msg
+
+
+def test_the_report_renders_from_the_record_it_reads_back(tmp_path: Path) -> None:
+    """The report takes the typed record (and the facts beside it), so a record read back
+    from validate.json renders the same report as the one the stage held."""
+    from eagle3_pipeline.validate.facts import DataFacts, DraftFacts, ReportFacts, TargetFacts
+    from eagle3_pipeline.validate.report import validation_files
+
+    facts = ReportFacts(
+        draft_dir="data/draft",
+        target=TargetFacts("t (local: m)", "t", None, None, "DeepseekV3ForCausalLM", [1, 2]),
+        data=DataFacts("sharegpt", None, "none declared", True, 1000),
+        draft=DraftFacts({"model_type": "llama", "hidden_size": 128}, 512),
+        serve_command="vllm serve m",
+        findings=[],
+        seed=0,
+        versions={"speculators": "0.9.0"},
+    )
+    record = validate_record_in_vllm()
+    path = tmp_path / "validate.json"
+    record.write(path)
+    held, read = validation_files(record, facts), validation_files(ValidateRecord.read(path), facts)
+    assert held["report.md"] == read["report.md"] and held["README.md"] == read["README.md"]
+    report = held["report.md"].decode()
+    assert "| mt_bench, turn 2 |" in report and "| math |" in report and "## Under load" in report
+    assert "## K" in report and "**K=2**" in report
+    assert set(held) == {
+        "report.md",
+        "README.md",
+        "acceptance.png",
+        "acceptance_by_set.png",
+        "speedup_by_concurrency.png",
+    }

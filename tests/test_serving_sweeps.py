@@ -13,7 +13,6 @@ from eagle3_pipeline.validate.sweeps import (
     concurrency_plan,
     draft_passes,
     sampled_figures,
-    speedup_by_concurrency,
 )
 
 
@@ -73,13 +72,13 @@ def test_break_even_is_the_lowest_level_where_the_draft_no_longer_pays(speedups,
         for c, s in zip(levels, speedups, strict=True)
     }
     fig = concurrency_figures(with_draft, base, skipped=[256])
-    assert [r["concurrency"] for r in fig["levels"]] == levels
-    assert [r["speedup"] for r in fig["levels"]] == pytest.approx(list(speedups))
-    assert fig["break_even_concurrency"] == break_even
-    assert fig["skipped"] == [256]
-    assert fig["levels"][0]["acceptance_length"] == pytest.approx(1 + 9 / 10)
+    assert [r.concurrency for r in fig.levels] == levels
+    assert [r.speedup for r in fig.levels] == pytest.approx(list(speedups))
+    assert fig.break_even_concurrency == break_even
+    assert fig.skipped == [256]
+    assert fig.levels[0].acceptance_length == pytest.approx(1 + 9 / 10)
     keys = ["1", "4", "16", "64"]
-    assert speedup_by_concurrency(fig) == pytest.approx(dict(zip(keys, speedups, strict=True)))
+    assert fig.speedup_by_concurrency() == pytest.approx(dict(zip(keys, speedups, strict=True)))
 
 
 def test_different_batched_outputs_are_reported_not_judged():
@@ -87,8 +86,8 @@ def test_different_batched_outputs_are_reported_not_judged():
         {1: _run(10.0, [[1, 2]]), 4: _run(20.0, [[1, 3]])},
         {1: _run(10.0, [[1, 2]]), 4: _run(25.0, [[1, 2]])},
     )
-    assert [r["same_outputs"] for r in fig["levels"]] == [True, False]
-    assert fig["break_even_concurrency"] == 4
+    assert [r.same_outputs for r in fig.levels] == [True, False]
+    assert fig.break_even_concurrency == 4
 
 
 def test_sampled_acceptance_per_set_sums_that_sets_labels():
@@ -105,15 +104,17 @@ def test_sampled_acceptance_per_set_sums_that_sets_labels():
     run = _run(5.0, [[1], [2], [3]], _counters(24, [12, 6]))
     run["group_counters"] = groups
     s = sampled_figures(run, 0.7, 0, prompts)
-    assert (s["temperature"], s["seed"]) == (0.7, 0)
-    assert s["mean_acceptance_length"] == pytest.approx(1 + 18 / 24)
-    assert s["sets"]["mt_bench"]["mean_acceptance_length"] == pytest.approx(1 + 10 / 20)
-    assert s["sets"]["mt_bench"]["per_position_rate"] == pytest.approx([0.4, 0.1])
-    assert s["sets"]["humaneval"]["mean_acceptance_length"] == pytest.approx(3.0)
+    assert (s.temperature, s.seed) == (0.7, 0)
+    assert s.mean_acceptance_length == pytest.approx(1 + 18 / 24)
+    assert s.sets["mt_bench"].mean_acceptance_length == pytest.approx(1 + 10 / 20)
+    assert s.sets["mt_bench"].per_position_rate == pytest.approx([0.4, 0.1])
+    assert s.sets["humaneval"].mean_acceptance_length == pytest.approx(3.0)
 
 
 def test_the_report_states_temperature_k_and_concurrency_and_draws_the_plot():
+    from eagle3_pipeline.validate.acceptance import pool
     from eagle3_pipeline.validate.report_serving import concurrency_png, serving_lines
+    from eagle3_pipeline.validate.vllm import compare
 
     out = [[1, 2, 3]]
     conc = concurrency_figures(
@@ -121,15 +122,13 @@ def test_the_report_states_temperature_k_and_concurrency_and_draws_the_plot():
         {1: _run(10.0, out), 4: _run(33.0, out)},
         skipped=[16],
     )
-    sampled = {
-        "temperature": 0.7,
-        "seed": 0,
-        "mean_acceptance_length": 1.5,
-        "num_accepted_tokens": 5,
-        "num_drafts": 10,
-        "sets": {"mt_bench": {"mean_acceptance_length": 1.5, "per_position_rate": [0.5]}},
-    }
-    text = "\n".join(serving_lines({"sampled": sampled, "concurrency": conc}, 1, 64))
+    run = _run(5.0, [[1], [2]], _counters(10, [5]))
+    prompt = EvalPrompt(id="a", set="mt_bench", category=None, turn=1, messages=[], prompt_ids=[1])
+    run["group_counters"] = {prompt.group: _counters(10, [5])}
+    sampled = sampled_figures(run, 0.7, 0, [prompt])
+    v = compare(pool([], 1, 64), _run(12.0, out, _counters(10, [6])), _run(10.0, out), 1)
+    v.sampled, v.concurrency = sampled, conc
+    text = "\n".join(serving_lines(v, 1, 64))
     assert "temperature 0.7 (seed 0" in text and "K=1" in text
     assert "| mt_bench | **1.500** |" in text
     assert "| 4 | 33.0 | 30.0 | **0.91x** |" in text

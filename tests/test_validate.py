@@ -85,10 +85,10 @@ def test_scrape_delta_gives_vllm_acceptance_length(metrics_server: tuple[str, li
     before = _scrape(url)
     after = _scrape(url)
     fig = acceptance_figures(counter_delta(after, before))
-    assert fig["num_drafts"] == 100 and fig["num_accepted_tokens"] == 150
-    assert fig["mean_acceptance_length"] == pytest.approx(2.5)  # 1 + 150 / 100
-    assert fig["num_accepted_tokens_per_pos"] == [80, 50, 20]
-    assert fig["per_position_rate"] == pytest.approx([0.8, 0.5, 0.2])
+    assert fig.num_drafts == 100 and fig.num_accepted_tokens == 150
+    assert fig.mean_acceptance_length == pytest.approx(2.5)  # 1 + 150 / 100
+    assert fig.num_accepted_tokens_per_pos == [80, 50, 20]
+    assert fig.per_position_rate == pytest.approx([0.8, 0.5, 0.2])
 
 
 def test_metrics_parsing_sums_engines_and_sees_no_speculation() -> None:
@@ -96,7 +96,7 @@ def test_metrics_parsing_sums_engines_and_sees_no_speculation() -> None:
     c = spec_decode_counters(two_engines)
     assert (c["drafts"], c["accepted"], c["accepted_per_pos"]) == (20, 24, [14, 8, 2])
     assert spec_decode_counters("vllm:num_requests_running 0\n") == {}
-    assert acceptance_figures({})["mean_acceptance_length"] is None
+    assert acceptance_figures({}).mean_acceptance_length is None
 
 
 # --------------------------------------------------------------------------- the stage

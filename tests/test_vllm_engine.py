@@ -69,7 +69,7 @@ def test_validate_engine_on_cpu_carries_dtype_draft_and_only_the_needed_workarou
     )  # no MLA: no MLA backend
     assert eng.compilation_config is None  # yarn rope takes the native path
     kw = eng.llm_kwargs()
-    assert kw["dtype"] == "float32" and kw["speculative_config"] == spec
+    assert kw["dtype"] == "float32" and kw["speculative_config"] == spec  # plain JSON for vLLM
     assert shlex.split(eng.shell(8011)) == ["VLLM_CPU_KVCACHE_SPACE=1", "VLLM_MLA_DISABLE=1", *argv]
 
 
@@ -87,12 +87,24 @@ def test_plain_engines_keep_mla_and_extraction_gets_the_cpu_connector(tmp_path):
         build_engine(cfg, _spec(), tmp_path, "baseline", dtype="bfloat16").attention_backend is None
     )
     ext = build_engine(cfg, _spec(), tmp_path, "extract", staging=tmp_path / "s")
-    assert ext.speculative_config["method"] == "extract_hidden_states"
-    assert ext.speculative_config["draft_model_config"]["hf_config"][
-        "eagle_aux_hidden_state_layer_ids"
-    ] == [1, 2, 3, 4]
-    assert ext.kv_transfer_config["kv_connector"] == vllm_compat.CPU_CONNECTOR
-    assert ext.kv_transfer_config["kv_connector_module_path"] == vllm_compat.CPU_CONNECTOR_MODULE
+    assert ext.speculative_config is not None and ext.kv_transfer_config is not None
+    assert ext.speculative_config.method == "extract_hidden_states"
+    drafted = ext.speculative_config.draft_model_config
+    assert drafted is not None and drafted.hf_config.eagle_aux_hidden_state_layer_ids == [
+        1,
+        2,
+        3,
+        4,
+    ]
+    assert ext.kv_transfer_config.kv_connector == vllm_compat.CPU_CONNECTOR
+    assert ext.kv_transfer_config.kv_connector_module_path == vllm_compat.CPU_CONNECTOR_MODULE
+    kv = json.loads(ext.serve_argv(8000)[ext.serve_argv(8000).index("--kv-transfer-config") + 1])
+    assert kv == {
+        "kv_connector": vllm_compat.CPU_CONNECTOR,
+        "kv_connector_module_path": vllm_compat.CPU_CONNECTOR_MODULE,
+        "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"shared_storage_path": str((tmp_path / "s").absolute())},
+    }
     assert "--no-enable-prefix-caching" in ext.serve_argv(8000)
     assert ext.dtype == cfg.model.dtype
     regen = build_engine(cfg, _spec(), tmp_path, "regenerate")
@@ -112,16 +124,20 @@ def test_cuda_profile_has_no_cpu_workarounds_and_real_parallel_sizes(tmp_path):
     )
     assert argv[argv.index("--dtype") + 1] == "bfloat16"
     ext = build_engine(cfg, _spec(), "moonshotai/Kimi-K2.5", "extract", staging=tmp_path)
-    assert ext.kv_transfer_config["kv_connector"] == vllm_compat.UPSTREAM_CONNECTOR
-    assert "kv_connector_module_path" not in ext.kv_transfer_config
+    assert ext.kv_transfer_config is not None
+    assert ext.kv_transfer_config.kv_connector == vllm_compat.UPSTREAM_CONNECTOR
+    assert "kv_connector_module_path" not in ext.llm_kwargs()["kv_transfer_config"]
 
 
 def test_plain_rope_mla_targets_get_the_rotary_op_disabled_on_cpu_only(tmp_path):
     cfg = _cfg()
     eng = build_engine(cfg, _spec(rope_type="default"), tmp_path, "baseline", dtype="float32")
-    assert eng.compilation_config == {"custom_ops": ["-rotary_embedding"]}
+    assert eng.compilation_config is not None
+    assert eng.compilation_config.custom_ops == ["-rotary_embedding"]
     argv = eng.serve_argv(1)
-    assert json.loads(argv[argv.index("--compilation-config") + 1]) == eng.compilation_config
+    assert json.loads(argv[argv.index("--compilation-config") + 1]) == {
+        "custom_ops": ["-rotary_embedding"]
+    }
     llama = _spec(attention="standard", rope_type="default")
     assert (
         build_engine(cfg, llama, tmp_path, "validate", draft_dir=tmp_path, k=1).compilation_config

@@ -35,8 +35,6 @@ bug below is fixed upstream, so the workaround can then be dropped.
 
 from __future__ import annotations
 
-from typing import Any
-
 # The EAGLE-3.1 switches of a speculators draft config (train.draft.*). vLLM applies one
 # only if its speculators-config reader copies it into the draft's config; an option it
 # does not copy is silently dropped at serve time (and with it, weights such as
@@ -96,7 +94,7 @@ def engine_env(
     return env
 
 
-def compilation_config(cpu_build: bool, mla: bool, rope_type: str) -> dict[str, Any] | None:
+def compilation_config(cpu_build: bool, mla: bool, rope_type: str) -> dict[str, list[str]] | None:
     if rotary_op_disabled(cpu_build, mla, rope_type):
         return {"custom_ops": ["-rotary_embedding"]}
     return None

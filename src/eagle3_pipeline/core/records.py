@@ -88,7 +88,7 @@ class Record:
     def to_dict(self) -> dict[str, Any]:
         """The file's content: every field, ``version`` first, unset optional ones left out
         (in nested dataclasses too), nested dataclasses and Enums as their JSON form."""
-        return _plain(self)
+        return plain(self)
 
     def headline(self) -> dict[str, Any]:
         """The headline fields that the run produced (unset optional ones left out)."""
@@ -155,7 +155,7 @@ class Record:
 # --------------------------------------------------------------------------- types
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     """``value`` as JSON-ready data: a dataclass as a dict of its fields (an ``optional``
     field left out while None), an Enum as its value, tuples as lists."""
     if is_dataclass(value) and not isinstance(value, type):
@@ -164,14 +164,14 @@ def _plain(value: Any) -> Any:
             v = getattr(value, f.name)
             if v is None and f.metadata.get("optional"):
                 continue
-            out[f.name] = _plain(v)
+            out[f.name] = plain(v)
         return out
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: plain(v) for k, v in value.items()}
     return value
 
 

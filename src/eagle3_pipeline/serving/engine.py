@@ -24,6 +24,7 @@ from typing import Any, Protocol
 from eagle3_pipeline.compat import vllm as vllm_compat
 from eagle3_pipeline.core.choices import Device, Dtype
 from eagle3_pipeline.core.config import ServingConfig, VllmConfig
+from eagle3_pipeline.core.records import optional, plain
 
 PURPOSES = ("extract", "regenerate", "validate", "baseline")
 # An online extraction engine is recorded by the extract stage before the train stage picks
@@ -32,25 +33,68 @@ STAGING_PLACEHOLDER = "${staging}"
 
 
 @dataclass
+class HiddenStateLayers:
+    """``draft_model_config.hf_config`` of vLLM's ``extract_hidden_states`` method."""
+
+    eagle_aux_hidden_state_layer_ids: list[int]  # the layers whose input state is captured
+
+
+@dataclass
+class DraftModelConfig:
+    """``draft_model_config`` of vLLM's speculative config (extraction only)."""
+
+    hf_config: HiddenStateLayers  # what the extraction "draft" reads
+
+
+@dataclass(kw_only=True)
+class SpeculativeConfig:
+    """vLLM's ``--speculative-config`` as we pass it (keys vLLM's, unset ones left out)."""
+
+    method: str  # eagle3 (a draft) or extract_hidden_states (extraction)
+    model: str | None = optional()  # the draft's directory (eagle3)
+    num_speculative_tokens: int  # K (1 for extraction)
+    draft_model_config: DraftModelConfig | None = optional()  # extraction's layers
+
+
+@dataclass(kw_only=True)
+class KvTransferConfig:
+    """vLLM's ``--kv-transfer-config``: the connector that writes hidden states to disk."""
+
+    kv_connector: str  # the connector class (compat.vllm picks the CPU-safe one here)
+    kv_connector_module_path: str | None = optional()  # where that class lives, if not vLLM
+    kv_role: str  # kv_producer: the engine writes
+    kv_connector_extra_config: dict[str, str]  # shared_storage_path: where it writes
+
+
+@dataclass
+class CompilationConfig:
+    """vLLM's ``--compilation-config`` as we pass it (a CPU-build workaround)."""
+
+    custom_ops: list[str]  # custom ops switched on or (with a leading -) off
+
+
+@dataclass
 class Engine:
-    model: str
-    dtype: str
-    served_model_name: str
-    max_model_len: int
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-    data_parallel_size: int = 1
-    enable_expert_parallel: bool = False
-    gpu_memory_utilization: float = 0.9
-    enforce_eager: bool = False
-    trust_remote_code: bool = False
-    revision: str | None = None
-    seed: int = 0
-    speculative_config: dict[str, Any] | None = None
-    kv_transfer_config: dict[str, Any] | None = None
-    compilation_config: dict[str, Any] | None = None
-    attention_backend: str | None = None
-    enable_prefix_caching: bool | None = None
+    """One vLLM engine: what ``vllm serve`` and ``vllm.LLM`` are given."""
+
+    model: str  # the target's directory or hub id
+    dtype: str  # explicit, never auto
+    served_model_name: str  # the name the OpenAI API answers to
+    max_model_len: int  # the longest sequence it admits
+    tensor_parallel_size: int = 1  # GPUs per pipeline stage
+    pipeline_parallel_size: int = 1  # pipeline stages
+    data_parallel_size: int = 1  # engine replicas
+    enable_expert_parallel: bool = False  # MoE experts spread over the GPUs
+    gpu_memory_utilization: float = 0.9  # share of each GPU's memory it may take
+    enforce_eager: bool = False  # no CUDA graphs / compilation
+    trust_remote_code: bool = False  # the model's own code may run
+    revision: str | None = None  # the pinned hub revision
+    seed: int = 0  # vLLM's sampling seed
+    speculative_config: SpeculativeConfig | None = None  # a draft, or extraction
+    kv_transfer_config: KvTransferConfig | None = None  # extraction's connector
+    compilation_config: CompilationConfig | None = None  # a CPU-build workaround
+    attention_backend: str | None = None  # forced attention backend (null: vLLM's pick)
+    enable_prefix_caching: bool | None = None  # false: every prompt computed (extraction)
     generation_config: str | None = None  # "vllm": ignore the model's sampling defaults
     max_num_seqs: int | None = None  # requests in flight at most; null: vLLM's default
     env: dict[str, str] = field(default_factory=dict)  # for the vLLM process
@@ -102,7 +146,7 @@ class Engine:
             ("--compilation-config", self.compilation_config),
         ):
             if value is not None:
-                cmd += [flag, json.dumps(value, separators=(",", ":"))]
+                cmd += [flag, json.dumps(plain(value), separators=(",", ":"))]
         if self.attention_backend:
             cmd += ["--attention-backend", self.attention_backend]
         if self.enable_prefix_caching is False:
@@ -141,7 +185,7 @@ class Engine:
         ):
             value = getattr(self, key)
             if value is not None:
-                kw[key] = value
+                kw[key] = plain(value)
         return kw
 
     def shell(self, port: int, executable: Sequence[str] = ("vllm",)) -> str:
@@ -151,26 +195,26 @@ class Engine:
         return f"{env} {cmd}" if env else cmd
 
 
-def eagle3_config(draft_dir: str | Path, k: int) -> dict[str, Any]:
+def _compilation(config: dict[str, list[str]] | None) -> CompilationConfig | None:
+    return None if config is None else CompilationConfig(**config)
+
+
+def eagle3_config(draft_dir: str | Path, k: int) -> SpeculativeConfig:
     if k < 1:
         raise ValueError(f"num_speculative_tokens={k} must be >= 1")
-    return {
-        "method": "eagle3",
-        "model": str(Path(draft_dir).absolute()),
-        "num_speculative_tokens": int(k),
-    }
+    return SpeculativeConfig(
+        method="eagle3", model=str(Path(draft_dir).absolute()), num_speculative_tokens=int(k)
+    )
 
 
-def extract_config(layer_ids: Sequence[int]) -> dict[str, Any]:
+def extract_config(layer_ids: Sequence[int]) -> SpeculativeConfig:
     """vLLM's ``extract_hidden_states`` method: the residual stream entering each listed
     layer; id ``num_layers`` is the final state before the norm."""
-    return {
-        "method": "extract_hidden_states",
-        "num_speculative_tokens": 1,
-        "draft_model_config": {
-            "hf_config": {"eagle_aux_hidden_state_layer_ids": [int(i) for i in layer_ids]}
-        },
-    }
+    return SpeculativeConfig(
+        method="extract_hidden_states",
+        num_speculative_tokens=1,
+        draft_model_config=DraftModelConfig(HiddenStateLayers([int(i) for i in layer_ids])),
+    )
 
 
 class _ServingHardware(Protocol):
@@ -263,7 +307,7 @@ def build_engine(
         trust_remote_code=spec.trust_remote_code,
         revision=spec.revision if not Path(model).exists() else None,
         seed=cfg.seed,
-        compilation_config=vllm_compat.compilation_config(cpu, mla, spec.rope_type),
+        compilation_config=_compilation(vllm_compat.compilation_config(cpu, mla, spec.rope_type)),
         attention_backend=vllm_compat.mla_backend(cpu, mla, dtype, with_draft, draft_mla),
         env=vllm_compat.engine_env(cpu, mla, with_draft, v.cpu_kvcache_space_gib, draft_mla),
         extra_args=list(v.extra_args),
@@ -277,11 +321,11 @@ def build_engine(
             raise ValueError("an extract engine needs a staging directory")
         where = staging if staging == STAGING_PLACEHOLDER else str(Path(staging).absolute())
         eng.speculative_config = extract_config([*spec.aux_layer_ids, spec.num_layers])
-        eng.kv_transfer_config = {
+        eng.kv_transfer_config = KvTransferConfig(
             **vllm_compat.hidden_states_connector(cpu),
-            "kv_role": "kv_producer",
-            "kv_connector_extra_config": {"shared_storage_path": where},
-        }
+            kv_role="kv_producer",
+            kv_connector_extra_config={"shared_storage_path": where},
+        )
         eng.enable_prefix_caching = False  # every prompt computed, its states kept
     elif purpose == "regenerate":
         eng.generation_config = "vllm"  # greedy means greedy, whatever the model card says

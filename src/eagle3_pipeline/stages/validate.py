@@ -30,8 +30,8 @@ def run(cfg: ValidateInputs) -> None:
     device, dtype = cfg.runtime()  # a config error leaves the last outputs in place
     for stale in (p["metrics"], p["out"]):
         remove_path(stale)
-    record, context = validate_draft(cfg, device, dtype)
-    files = validation_files(context)
+    record, facts = validate_draft(cfg, device, dtype)
+    files = validation_files(record, facts)
     with atomic_dir(p["out"]) as tmp:
         for name, content in files.items():
             (tmp / name).write_bytes(content)

@@ -96,17 +96,18 @@ def _engine(source: OnlineSource, staging: Path) -> Engine:
     copy: the source stays as recorded)."""
     from eagle3_pipeline.serving.engine import STAGING_PLACEHOLDER
 
-    eng = dataclasses.replace(source.engine)
-    kv = dict(eng.kv_transfer_config or {})
-    extra = dict(kv.get("kv_connector_extra_config") or {})
-    if extra.get("shared_storage_path") != STAGING_PLACEHOLDER:
+    kv = source.engine.kv_transfer_config
+    if kv is None or kv.kv_connector_extra_config.get("shared_storage_path") != (
+        STAGING_PLACEHOLDER
+    ):
         raise TrainingError(
             "online manifest: the engine has no staging placeholder: rerun the extract stage"
         )
-    extra["shared_storage_path"] = str(staging.absolute())
-    kv["kv_connector_extra_config"] = extra
-    eng.kv_transfer_config = kv
-    return eng
+    extra = {**kv.kv_connector_extra_config, "shared_storage_path": str(staging.absolute())}
+    return dataclasses.replace(
+        source.engine,
+        kv_transfer_config=dataclasses.replace(kv, kv_connector_extra_config=extra),
+    )
 
 
 @contextlib.contextmanager

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from eagle3_pipeline.core.config import ConfigError
+from eagle3_pipeline.validate.record import Divergence, OursFigures
 
 log = logging.getLogger(__name__)
 
@@ -516,10 +517,23 @@ class AcceptanceResult:
     per_position_conditional: list[float | None]  # given position i-1 was accepted
     lossless: bool | None
     lossless_prompts: int
-    divergences: list[dict[str, Any]] = field(default_factory=list)
+    divergences: list[Divergence] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def figures(self) -> OursFigures:
+        """The figures a prompt set's slice reports (validate.record.OursFigures)."""
+        return OursFigures(
+            prompts=self.prompts,
+            tokens=self.tokens,
+            steps=self.steps,
+            acceptance_length=self.acceptance_length,
+            vllm_style_acceptance_length=self.vllm_style_acceptance_length,
+            accepted_per_pos=self.accepted_per_pos,
+            per_position_rate=self.per_position_rate,
+            per_position_conditional=self.per_position_conditional,
+        )
 
 
 def pool(results: Sequence[PromptResult], k: int, max_new_tokens: int) -> AcceptanceResult:
@@ -549,7 +563,7 @@ def pool(results: Sequence[PromptResult], k: int, max_new_tokens: int) -> Accept
         lossless=all(r.lossless for r in checked) if checked else None,
         lossless_prompts=sum(1 for r in checked if r.lossless),
         divergences=[
-            {"prompt": r.id, "position": r.first_divergence, "top2_margin": r.divergence_margin}
+            Divergence(r.id, r.first_divergence, r.divergence_margin)
             for r in checked
             if not r.lossless
         ],

@@ -16,47 +16,35 @@ from typing import Any
 from eagle3_pipeline.serving.counters import add_counters
 from eagle3_pipeline.validate.acceptance import PromptResult, pool
 from eagle3_pipeline.validate.prompt_sets import DESCRIPTIONS, EvalPrompt
+from eagle3_pipeline.validate.record import OursFigures, SetFigures, SliceFigures, VllmAcceptance
 from eagle3_pipeline.validate.vllm import acceptance_figures
 
 
-def _ours(results: Sequence[PromptResult], k: int, max_new_tokens: int) -> dict[str, Any]:
-    acc = pool(results, k, max_new_tokens)
-    return {
-        "prompts": acc.prompts,
-        "tokens": acc.tokens,
-        "steps": acc.steps,
-        "acceptance_length": acc.acceptance_length,
-        "vllm_style_acceptance_length": acc.vllm_style_acceptance_length,
-        "accepted_per_pos": acc.accepted_per_pos,
-        "per_position_rate": acc.per_position_rate,
-        "per_position_conditional": acc.per_position_conditional,
-    }
-
-
-def _vllm(groups: dict[str, dict[str, Any]], labels: set[str]) -> dict[str, Any]:
+def _vllm(groups: dict[str, dict[str, Any]], labels: set[str]) -> VllmAcceptance:
     total: dict[str, Any] = {}
     for label in sorted(labels):
         total = add_counters(total, groups.get(label, {}))
     return acceptance_figures(total)
 
 
+def _diff(vllm: VllmAcceptance | None, ours: OursFigures) -> float | None:
+    if vllm is None or vllm.mean_acceptance_length is None:
+        return None
+    mine = ours.vllm_style_acceptance_length
+    return None if mine is None else vllm.mean_acceptance_length - mine
+
+
 def _slice(
-    prompts: Sequence[EvalPrompt],
-    results: Sequence[PromptResult],
-    keep: Any,
+    chosen: Sequence[tuple[EvalPrompt, PromptResult]],
     k: int,
     max_new_tokens: int,
     groups: dict[str, dict[str, Any]] | None,
-) -> dict[str, Any]:
-    chosen = [(p, r) for p, r in zip(prompts, results, strict=True) if keep(p)]
-    out: dict[str, Any] = {"ours": _ours([r for _, r in chosen], k, max_new_tokens)}
-    if groups is not None:
-        v = _vllm(groups, {p.group for p, _ in chosen})
-        ours = out["ours"]["vllm_style_acceptance_length"]
-        mean = v["mean_acceptance_length"]
-        out["vllm"] = v
-        out["acceptance_length_diff"] = None if ours is None or mean is None else mean - ours
-    return out
+) -> SliceFigures:
+    ours = pool([r for _, r in chosen], k, max_new_tokens).figures()
+    if groups is None:
+        return SliceFigures(ours=ours)
+    v = _vllm(groups, {p.group for p, _ in chosen})
+    return SliceFigures(ours=ours, vllm=v, acceptance_length_diff=_diff(v, ours))
 
 
 def figures_by_set(
@@ -65,52 +53,52 @@ def figures_by_set(
     k: int,
     max_new_tokens: int,
     group_counters: dict[str, dict[str, Any]] | None = None,
-) -> dict[str, dict[str, Any]]:
-    """``{set: {description, questions, ours, vllm?, turns?, categories?}}`` in the order
-    the sets were measured. ``group_counters``: vLLM's counters per label (None: no vLLM)."""
-    out: dict[str, dict[str, Any]] = {}
+) -> dict[str, SetFigures]:
+    """Each set's figures (with per-turn and per-category slices) in the order the sets
+    were measured. ``group_counters``: vLLM's counters per label (None: no vLLM)."""
+    pairs = list(zip(prompts, results, strict=True))
+    out: dict[str, SetFigures] = {}
     for name in dict.fromkeys(p.set for p in prompts):
-        mine = [p for p in prompts if p.set == name]
-        fig = {
-            "description": DESCRIPTIONS.get(name, name),
-            "questions": sum(1 for p in mine if p.turn == 1),
-            **_slice(
-                prompts, results, lambda p, n=name: p.set == n, k, max_new_tokens, group_counters
+        mine = [(p, r) for p, r in pairs if p.set == name]
+        whole = _slice(mine, k, max_new_tokens, group_counters)
+        turns = sorted({p.turn for p, _ in mine})
+        cats = sorted({p.category for p, _ in mine if p.category})
+        out[name] = SetFigures(
+            description=DESCRIPTIONS.get(name, name),
+            questions=sum(1 for p, _ in mine if p.turn == 1),
+            ours=whole.ours,
+            vllm=whole.vllm,
+            acceptance_length_diff=whole.acceptance_length_diff,
+            turns=(
+                {
+                    str(t): _slice(
+                        [(p, r) for p, r in mine if p.turn == t], k, max_new_tokens, group_counters
+                    )
+                    for t in turns
+                }
+                if len(turns) > 1
+                else None
             ),
-        }
-        turns = sorted({p.turn for p in mine})
-        if len(turns) > 1:
-            fig["turns"] = {
-                str(t): _slice(
-                    prompts,
-                    results,
-                    lambda p, n=name, t=t: p.set == n and p.turn == t,
-                    k,
-                    max_new_tokens,
-                    group_counters,
-                )
-                for t in turns
-            }
-        cats = sorted({p.category for p in mine if p.category})
-        if cats:
-            fig["categories"] = {
-                c: _slice(
-                    prompts,
-                    results,
-                    lambda p, n=name, c=c: p.set == n and p.category == c,
-                    k,
-                    max_new_tokens,
-                    group_counters,
-                )
-                for c in cats
-            }
-        out[name] = fig
+            categories=(
+                {
+                    c: _slice(
+                        [(p, r) for p, r in mine if p.category == c],
+                        k,
+                        max_new_tokens,
+                        group_counters,
+                    )
+                    for c in cats
+                }
+                if cats
+                else None
+            ),
+        )
     return out
 
 
 def vllm_by_set(
     prompts: Sequence[EvalPrompt], group_counters: dict[str, dict[str, Any]]
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, VllmAcceptance]:
     """vLLM's figures per prompt set from one pass's per-label counters (a sampled pass:
     no decoder of ours to set beside them)."""
     return {
@@ -119,13 +107,7 @@ def vllm_by_set(
     }
 
 
-def headline_by_set(sets: dict[str, dict[str, Any]]) -> dict[str, float | None]:
+def headline_by_set(sets: dict[str, SetFigures]) -> dict[str, float | None]:
     """Acceptance length per set: vLLM's counters' where vLLM ran, else ours (vLLM style,
     1 + accepted / drafts: the figure vLLM's CI publishes)."""
-    out: dict[str, float | None] = {}
-    for name, fig in sets.items():
-        if "vllm" in fig:
-            out[name] = fig["vllm"]["mean_acceptance_length"]
-        else:
-            out[name] = fig["ours"]["vllm_style_acceptance_length"]
-    return out
+    return {name: fig.acceptance() for name, fig in sets.items()}

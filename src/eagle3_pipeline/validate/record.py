@@ -9,9 +9,170 @@ only, the best K with ``validate.k_sweep`` too.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from eagle3_pipeline.core.records import Record, headline, optional
+from eagle3_pipeline.serving.engine import CompilationConfig
+
+
+@dataclass
+class Divergence:
+    """Where speculative decoding left plain greedy decoding on one prompt."""
+
+    prompt: str  # the prompt's id
+    position: int | None  # the first new token that differs
+    top2_margin: float | None  # the target's top-2 logit margin there (a near-tie?)
+
+
+@dataclass
+class VllmAcceptance:
+    """vLLM's spec-decode counters over some prompts, and the acceptance they give."""
+
+    num_drafts: int  # draft rounds (verification steps)
+    num_draft_tokens: int  # tokens proposed
+    num_accepted_tokens: int  # tokens accepted
+    num_accepted_tokens_per_pos: list[int]  # accepted at each draft position
+    mean_acceptance_length: float | None  # 1 + accepted / drafts (null: no draft round)
+    per_position_rate: list[float]  # accepted at position i / drafts
+
+
+@dataclass
+class OursFigures:
+    """Our evaluator's figures over some prompts (see validate.acceptance.pool)."""
+
+    prompts: int  # prompts decoded
+    tokens: int  # tokens generated
+    steps: int  # verification steps
+    acceptance_length: float | None  # tokens per verification step (end effects in)
+    vllm_style_acceptance_length: float | None  # 1 + accepted / steps, as vLLM counts
+    accepted_per_pos: list[int]  # accepted tokens per draft position
+    per_position_rate: list[float | None]  # accepted at position i / steps
+    per_position_conditional: list[float | None]  # / steps that reached position i
+
+
+@dataclass
+class SliceFigures:
+    """One slice of the prompts (a set, a turn, a category): ours and vLLM's figures."""
+
+    ours: OursFigures  # our evaluator's
+    vllm: VllmAcceptance | None = optional()  # vLLM's counters' (validate.vllm only)
+    # vLLM's acceptance length minus ours (null where either has none; validate.vllm only)
+    acceptance_length_diff: float | None = optional()
+
+
+@dataclass
+class SetFigures:
+    """One prompt set's figures, with MT-Bench's per-turn and per-category slices."""
+
+    description: str  # what the set is and where it comes from
+    questions: int  # questions asked (first turns)
+    ours: OursFigures  # our evaluator's, every turn
+    vllm: VllmAcceptance | None = optional()  # vLLM's counters', every turn
+    acceptance_length_diff: float | None = optional()  # vLLM's minus ours
+    turns: dict[str, SliceFigures] | None = optional()  # per turn ("1", "2"), when several
+    categories: dict[str, SliceFigures] | None = optional()  # per category, when the set has them
+
+    def acceptance(self) -> float | None:
+        """The set's headline: vLLM's counters' where vLLM ran, else ours (vLLM style)."""
+        if self.vllm is not None:
+            return self.vllm.mean_acceptance_length
+        return self.ours.vllm_style_acceptance_length
+
+
+@dataclass
+class SampledFigures(VllmAcceptance):
+    """vLLM's acceptance at ``temperature``: its rejection sampler decides (validate.temperature)."""
+
+    temperature: float  # the sampling temperature
+    seed: int  # prompt i is sampled with seed + i
+    sets: dict[str, VllmAcceptance]  # per prompt set
+    generated_tokens: int  # tokens generated in the sampled pass
+    tokens_per_s: float | None  # its output tokens/s
+
+
+@dataclass
+class ConcurrencyLevel:
+    """vLLM with and without the draft at one number of requests in flight (T=0)."""
+
+    concurrency: int  # requests in flight
+    tokens_per_s_with_draft: float | None  # output tokens/s with the draft
+    tokens_per_s_without_draft: float | None  # and without it
+    speedup: float | None  # with / without
+    acceptance_length: float | None  # vLLM's at that level
+    same_outputs: bool  # greedy outputs equal with and without (batched float may differ)
+    generated_tokens: int  # tokens generated with the draft
+
+
+@dataclass
+class ConcurrencyFigures:
+    """The concurrency sweep (validate.concurrency)."""
+
+    levels: list[ConcurrencyLevel]  # one per level measured, 1 first
+    # the lowest level measured where the speedup is below 1 (null: it pays at every one)
+    break_even_concurrency: int | None
+    skipped: list[int]  # levels not measured: fewer prompts than requests in flight
+
+    def speedup_by_concurrency(self) -> dict[str, float | None]:
+        """``{"1": x, "4": y, ...}``: the headline (string keys: a metrics file's keys)."""
+        return {str(r.concurrency): r.speedup for r in self.levels}
+
+
+@dataclass
+class KSweepRow:
+    """The same draft served at one K (validate.k_sweep), T=0, one stream."""
+
+    k: int  # draft tokens per step
+    acceptance_length: float | None  # vLLM's counters'
+    per_position_rate: list[float]  # vLLM's per position
+    tokens_per_s: float | None  # output tokens/s
+    speedup: float | None  # over the same run without the draft
+    lossless: bool  # greedy outputs equal to the run without the draft
+
+
+@dataclass
+class EnginePair:
+    """One figure of each engine: the target with the draft and the target alone."""
+
+    with_draft: float | None  # the target with the draft
+    without_draft: float | None  # the target alone
+
+
+@dataclass
+class EngineWorkaround:
+    """What one engine needed to run here (compat.vllm's workarounds)."""
+
+    env: dict[str, str]  # environment variables set for it
+    compilation_config: CompilationConfig | None  # its --compilation-config
+    patches: list[str] | None  # our vLLM plugins' patches it applied (offline mode)
+
+
+@dataclass
+class VllmFigures(VllmAcceptance):
+    """Every figure of the draft in real vLLM beside ours (validate.vllm)."""
+
+    k: int  # draft tokens per step served
+    ours_acceptance_length: float | None  # our evaluator's, vLLM style, same prompts
+    ours_accepted_per_pos: list[int]  # ours per position
+    ours_verification_steps: int  # our verification steps
+    acceptance_length_diff: float | None  # vLLM's minus ours (0 in float32)
+    lossless: bool  # vLLM's greedy with the draft == without it, every prompt
+    lossless_prompts: int  # prompts where it was
+    prompts: int  # prompts decoded
+    differing_prompts: list[int]  # indexes of the prompts where it was not
+    generated_tokens: int  # tokens generated with the draft
+    tokens_per_s_with_draft: float | None  # single stream
+    tokens_per_s_without_draft: float | None  # single stream
+    speedup: float | None  # with / without
+    engine_load_s: EnginePair  # seconds to a ready engine
+    wall_s: EnginePair  # seconds of the generation passes the tokens/s are measured over
+    sampled: SampledFigures | None = optional()  # validate.temperature
+    concurrency: ConcurrencyFigures | None = optional()  # validate.concurrency
+    k_sweep: list[KSweepRow] | None = optional()  # validate.k_sweep
+    best_k: int | None = optional()  # the K with the best single-stream speedup
+    best_k_speedup: float | None = optional()  # and that speedup
+    mode: str | None = optional()  # offline (vllm.LLM) or serve (vllm serve)
+    dtype: str | None = optional()  # the engines' dtype
+    commands: dict[str, str] | None = optional()  # each engine as a vllm serve command
+    workarounds: dict[str, EngineWorkaround] | None = optional()  # per engine
 
 
 @dataclass(kw_only=True)
@@ -35,7 +196,7 @@ class ValidateRecord(Record):
     max_new_tokens: int  # validate.max_new_tokens
     lossless: bool | None = headline()  # speculative output == plain greedy, every prompt
     lossless_prompts: int  # prompts where it was
-    divergences: list[dict[str, Any]]  # where it was not: prompt, position, top-2 margin
+    divergences: list[Divergence]  # where it was not
     device: str  # where our decoder ran
     dtype: str  # in which dtype
     # The prompt sets measured (validate.prompt_sets); the figures above pool them all.
@@ -45,7 +206,7 @@ class ValidateRecord(Record):
     acceptance_by_set: dict[str, float | None] | None = optional(headline=True)
     # Per set: ours and vLLM's figures, per-position rates, per turn (MT-Bench's two)
     # and per category (MT-Bench's eight) -- see validate/by_set.py
-    sets: dict[str, Any] | None = optional()
+    sets: dict[str, SetFigures] | None = optional()
     # validate.vllm: target + draft and target alone in real vLLM
     vllm_acceptance_length: float | None = optional()  # from vLLM's spec-decode counters
     vllm_per_position_rate: list[float | None] | None = optional()  # vLLM's per position
@@ -67,4 +228,4 @@ class ValidateRecord(Record):
     # below 1: the draft stops paying there (null: it pays at every level measured)
     vllm_speedup_by_concurrency: dict[str, float | None] | None = optional(headline=True)
     vllm_break_even_concurrency: int | None = optional(headline=True)
-    vllm: dict[str, Any] | None = optional()  # every vLLM figure, commands and workarounds
+    vllm: VllmFigures | None = optional()  # every vLLM figure, commands and workarounds

@@ -12,17 +12,23 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.core.errors import StageError
 from eagle3_pipeline.core.metrics import details_path
 from eagle3_pipeline.core.portable import portable
-from eagle3_pipeline.validate.acceptance import Prompt
+from eagle3_pipeline.validate.acceptance import AcceptanceResult, Prompt
 from eagle3_pipeline.validate.by_set import figures_by_set, headline_by_set
+from eagle3_pipeline.validate.facts import DataFacts, DraftFacts, ReportFacts, TargetFacts
 from eagle3_pipeline.validate.prompt_sets import EvalPrompt
-from eagle3_pipeline.validate.record import ValidateRecord
-from eagle3_pipeline.validate.sweeps import speedup_by_concurrency
+from eagle3_pipeline.validate.record import (
+    EngineWorkaround,
+    SetFigures,
+    ValidateRecord,
+    VllmFigures,
+)
 from eagle3_pipeline.validate.view import ValidateInputs
 
 log = logging.getLogger(__name__)
@@ -40,13 +46,13 @@ def paths(cfg: ValidateInputs) -> dict[str, Path]:
     }
 
 
-def draft_summary(draft_dir: Path) -> dict[str, Any]:
+def draft_facts(draft_dir: Path) -> DraftFacts:
     """Shape facts for the model card, read from the draft's own config.json (the train
     stage's metrics are volatile readings and never feed this stage)."""
     try:
         conf = json.loads((draft_dir / "config.json").read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
-        return {}
+        return DraftFacts(shape=None, vocab_size=None)
     layer = conf.get("transformer_layer_config") or {}
     shape = {
         k: layer[k]
@@ -60,7 +66,7 @@ def draft_summary(draft_dir: Path) -> dict[str, Any]:
         )
         if k in layer
     }
-    return {"draft_shape": shape or None, "draft_vocab_size": conf.get("draft_vocab_size")}
+    return DraftFacts(shape=shape or None, vocab_size=conf.get("draft_vocab_size"))
 
 
 def stop_token_ids(model_dir: str | Path) -> list[int]:
@@ -75,7 +81,19 @@ def stop_token_ids(model_dir: str | Path) -> list[int]:
     )
 
 
-def check_checkpoint(draft_dir: Path, spec: Any) -> dict[str, Any]:
+@dataclass(frozen=True)
+class CheckpointVerdict:
+    """The checkpoint validator's verdict as the stage uses it."""
+
+    errors: int
+    warnings: int
+    speculative_tokens: int | None  # K from the checkpoint's config
+    serve_command: str | None
+    findings: list[str]  # warnings and errors, one line each
+
+
+def check_checkpoint(draft_dir: Path, spec: Any) -> CheckpointVerdict:
+    """Refuse a checkpoint with errors (naming the first three); else its verdict."""
     from eagle3_pipeline.validate.checkpoint import validate_checkpoint
 
     report = validate_checkpoint(draft_dir, spec, verifier_dir=spec.path)
@@ -86,14 +104,14 @@ def check_checkpoint(draft_dir: Path, spec: Any) -> dict[str, Any]:
             f"{draft_dir}: the checkpoint validator found "
             f"{len(report.errors)} error(s): " + "; ".join(f.line() for f in report.errors[:3])
         )
-    return {
-        "ok": report.ok,
-        "errors": len(report.errors),
-        "warnings": len(report.warnings),
-        "speculative_tokens": report.facts.get("speculative_tokens"),
-        "serve_command": report.serve_command,
-        "findings": [f.line() for f in report.findings if f.level != "info"],
-    }
+    k = report.facts.get("speculative_tokens")
+    return CheckpointVerdict(
+        errors=len(report.errors),
+        warnings=len(report.warnings),
+        speculative_tokens=None if k is None else int(k),
+        serve_command=report.serve_command,
+        findings=[f.line() for f in report.findings if f.level != "info"],
+    )
 
 
 def load_tokenizer(spec: Any) -> Any:
@@ -113,7 +131,7 @@ def measure_acceptance(
     k: int,
     device: str,
     dtype: str,
-) -> tuple[dict[str, Any], list[EvalPrompt], list[Any]]:
+) -> tuple[AcceptanceResult, list[EvalPrompt], list[Any]]:
     """Our evaluator on every prompt set: the first turns, then (MT-Bench) the second turns
     asked after the target's own first answers. Returns the pooled result, the prompts
     decoded (first turns, then second turns) and each one's result."""
@@ -161,7 +179,7 @@ def measure_acceptance(
             pending = [p for p in nxt if p.next_questions]
     finally:
         target.close()
-    return pool(results, k, v.max_new_tokens).to_dict(), prompts, results
+    return pool(results, k, v.max_new_tokens), prompts, results
 
 
 def measure_vllm(
@@ -171,9 +189,10 @@ def measure_vllm(
     prompts: list[EvalPrompt],
     k: int,
     dtype: str,
-    ours: dict[str, Any],
-) -> dict[str, Any]:
-    """Target + draft and target alone in real vLLM (see :mod:`eagle3_pipeline.validate.vllm`)."""
+    ours: AcceptanceResult,
+) -> tuple[VllmFigures, dict[str, dict[str, Any]]]:
+    """Target + draft and target alone in real vLLM (see :mod:`eagle3_pipeline.validate.vllm`);
+    with vLLM's counters per prompt label of the greedy single-stream pass."""
     from eagle3_pipeline.serving.engine import build_engine, log_file
     from eagle3_pipeline.serving.env import VllmEnvError, find_python
     from eagle3_pipeline.serving.offline import VllmRunError, run_offline
@@ -265,13 +284,13 @@ def measure_vllm(
         for name, engine in engines.items():
             runs[name] = run(name, engine, passes[name])
         out = compare(ours, runs["with_draft"], runs["without_draft"], k)
-        out["group_counters"] = runs["with_draft"].get("group_counters", {})
+        groups: dict[str, dict[str, Any]] = runs["with_draft"].get("group_counters", {})
         done = {name: r.get("passes") or {} for name, r in runs.items()}
         if v.temperature is not None:
-            out["sampled"] = sampled_figures(
+            out.sampled = sampled_figures(
                 done["with_draft"][SAMPLED], v.temperature, cfg.seed, prompts
             )
-        out["concurrency"] = concurrency_figures(
+        out.concurrency = concurrency_figures(
             {1: runs["with_draft"], **{c: done["with_draft"][level_name(c)] for c in levels}},
             {1: runs["without_draft"], **{c: done["without_draft"][level_name(c)] for c in levels}},
             skipped,
@@ -285,69 +304,70 @@ def measure_vllm(
                         cfg, spec, model, "validate", dtype=dtype, draft_dir=draft_dir, k=kk
                     ),
                 )
-            out.update(k_sweep_figures(sweep, runs["without_draft"]))
+            out.k_sweep, best = k_sweep_figures(sweep, runs["without_draft"])
+            out.best_k = None if best is None else best.k
+            out.best_k_speedup = None if best is None else best.speedup
     except (VllmEnvError, VllmRunError, VllmError, OSError) as exc:
         raise StageError(f"vLLM validation failed: {exc}") from None
-    out["mode"] = v.vllm_mode
-    out["dtype"] = dtype
-    out["commands"] = {name: portable(e.shell(v.server.port)) for name, e in engines.items()}
-    out["workarounds"] = {
-        name: {
-            "env": e.env,
-            "compilation_config": e.compilation_config,
+    out.mode = str(v.vllm_mode.value if hasattr(v.vllm_mode, "value") else v.vllm_mode)
+    out.dtype = dtype
+    out.commands = {name: portable(e.shell(v.server.port)) for name, e in engines.items()}
+    out.workarounds = {
+        name: EngineWorkaround(
+            env=dict(e.env),
+            compilation_config=e.compilation_config,
             # what our vLLM plugins patched in that engine (offline mode reports it)
-            "patches": runs[name].get("vllm_patches"),
-        }
+            patches=runs[name].get("vllm_patches"),
+        )
         for name, e in engines.items()
     }
-    return out
+    return out, groups
 
 
-def check_vllm_agreement(vllm: dict[str, Any], dtype: str, cfg: ValidateInputs) -> None:
+def check_vllm_agreement(vllm: VllmFigures, dtype: str, cfg: ValidateInputs) -> None:
     """In float32 vLLM's acceptance length must equal ours and vLLM must be lossless."""
     if dtype != "float32":
         return
-    diff = vllm["acceptance_length_diff"]
+    diff = vllm.acceptance_length_diff
     if diff is None or abs(diff) > cfg.validate.vllm_agreement_tol:
         raise StageError(
-            f"vLLM's acceptance length {vllm['mean_acceptance_length']} "
-            f"({vllm['num_accepted_tokens']} accepted / {vllm['num_drafts']} drafts, per "
-            f"position {vllm['num_accepted_tokens_per_pos']}) differs from ours "
-            f"{vllm['ours_acceptance_length']} (per position {vllm['ours_accepted_per_pos']}, "
-            f"{vllm['ours_verification_steps']} steps) by more than "
+            f"vLLM's acceptance length {vllm.mean_acceptance_length} "
+            f"({vllm.num_accepted_tokens} accepted / {vllm.num_drafts} drafts, per "
+            f"position {vllm.num_accepted_tokens_per_pos}) differs from ours "
+            f"{vllm.ours_acceptance_length} (per position {vllm.ours_accepted_per_pos}, "
+            f"{vllm.ours_verification_steps} steps) by more than "
             f"validate.vllm_agreement_tol={cfg.validate.vllm_agreement_tol}: vLLM does not "
             "use the draft the way it was trained (aux layers, norms, weights)"
         )
-    if not vllm["lossless"] and cfg.validate.require_lossless:
+    if not vllm.lossless and cfg.validate.require_lossless:
         raise StageError(
             f"vLLM's greedy output with the draft differs from its output without it on "
-            f"{len(vllm['differing_prompts'])} of {vllm['prompts']} prompts "
-            f"(first: prompt {vllm['differing_prompts'][0]}) in float32"
+            f"{len(vllm.differing_prompts)} of {vllm.prompts} prompts "
+            f"(first: prompt {vllm.differing_prompts[0]}) in float32"
         )
 
 
-def check_set_agreement(sets: dict[str, dict[str, Any]], dtype: str, cfg: ValidateInputs) -> None:
+def check_set_agreement(sets: dict[str, SetFigures], dtype: str, cfg: ValidateInputs) -> None:
     """In float32 each prompt set's vLLM acceptance length must equal ours too."""
     if dtype != "float32":
         return
     tol = cfg.validate.vllm_agreement_tol
     for name, fig in sets.items():
-        diff = fig.get("acceptance_length_diff")
+        diff = fig.acceptance_length_diff
         if diff is not None and abs(diff) > tol:
             raise StageError(
                 f"prompt set {name}: vLLM's acceptance length "
-                f"{_fmt(fig['vllm']['mean_acceptance_length'])} differs from ours "
-                f"{_fmt(fig['ours']['vllm_style_acceptance_length'])} by more than "
+                f"{_fmt(fig.vllm.mean_acceptance_length if fig.vllm else None)} differs from "
+                f"ours {_fmt(fig.ours.vllm_style_acceptance_length)} by more than "
                 f"validate.vllm_agreement_tol={tol}"
             )
 
 
 def validate_draft(
     cfg: ValidateInputs, device: str, dtype: str
-) -> tuple[ValidateRecord, dict[str, Any]]:
-    """Check and measure the draft (``device``/``dtype`` from :func:`runtime`); return
-    ``(record, context)``: the record for ``paths.details``/validate.json, context for the
-    report."""
+) -> tuple[ValidateRecord, ReportFacts]:
+    """Check and measure the draft (``device``/``dtype`` from :func:`runtime`); return the
+    record for ``paths.details``/validate.json and the facts the report adds to it."""
     from eagle3_pipeline.core.versions import installed_versions
     from eagle3_pipeline.targets.adapter import load_target_spec
     from eagle3_pipeline.validate.report import PACKAGES
@@ -360,47 +380,47 @@ def validate_draft(
     spec = load_target_spec(p["target_json"])
 
     checkpoint = check_checkpoint(p["draft"], spec)
-    k = cfg.validate.k or int(checkpoint["speculative_tokens"])
+    k = cfg.validate.k or checkpoint.speculative_tokens
+    if not k:
+        raise StageError(
+            f"{p['draft']}/config.json: no speculative_tokens, and validate.k is not set "
+            "(set -S validate.k=3, or retrain)"
+        )
     acc, prompts, results = measure_acceptance(
         cfg, spec, p["draft"], p["prompts"], k, device, dtype
     )
-    if acc["lossless"] is False and dtype == "float32" and cfg.validate.require_lossless:
-        d = acc["divergences"][0]
+    if acc.lossless is False and dtype == "float32" and cfg.validate.require_lossless:
+        d = acc.divergences[0]
         raise StageError(
             f"speculative decoding differs from plain greedy decoding in float32 on "
-            f"{len(acc['divergences'])} prompt(s) (first: prompt {d['prompt']} at token "
-            f"{d['position']}, top-2 margin {d['top2_margin']}): a decoding bug"
+            f"{len(acc.divergences)} prompt(s) (first: prompt {d.prompt} at token "
+            f"{d.position}, top-2 margin {d.top2_margin}): a decoding bug"
         )
-    vllm = None
+    vllm: VllmFigures | None = None
+    groups: dict[str, dict[str, Any]] | None = None
     if cfg.validate.vllm:
-        vllm = measure_vllm(cfg, spec, p["draft"], prompts, k, dtype, acc)
+        vllm, groups = measure_vllm(cfg, spec, p["draft"], prompts, k, dtype, acc)
         log.info(
             "vLLM: acceptance length %s (ours %s), lossless %s, %.1f -> %.1f tokens/s "
             "(speedup %.2fx)",
-            _fmt(vllm["mean_acceptance_length"]),
-            _fmt(acc["vllm_style_acceptance_length"]),
-            vllm["lossless"],
-            vllm["tokens_per_s_without_draft"] or 0.0,
-            vllm["tokens_per_s_with_draft"] or 0.0,
-            vllm["speedup"] or 0.0,
+            _fmt(vllm.mean_acceptance_length),
+            _fmt(acc.vllm_style_acceptance_length),
+            vllm.lossless,
+            vllm.tokens_per_s_without_draft or 0.0,
+            vllm.tokens_per_s_with_draft or 0.0,
+            vllm.speedup or 0.0,
         )
         check_vllm_agreement(vllm, dtype, cfg)
-    sets = figures_by_set(
-        prompts,
-        results,
-        k,
-        cfg.validate.max_new_tokens,
-        None if vllm is None else vllm.pop("group_counters"),
-    )
+    sets = figures_by_set(prompts, results, k, cfg.validate.max_new_tokens, groups)
     for name, fig in sets.items():
         log.info(
             "prompt set %s (%d questions, %d prompts decoded): acceptance length %s in vLLM, "
             "%s ours (K=%d, T=0, concurrency 1)",
             name,
-            fig["questions"],
-            fig["ours"]["prompts"],
-            _fmt(fig.get("vllm", {}).get("mean_acceptance_length")),
-            _fmt(fig["ours"]["vllm_style_acceptance_length"]),
+            fig.questions,
+            fig.ours.prompts,
+            _fmt(fig.vllm.mean_acceptance_length if fig.vllm else None),
+            _fmt(fig.ours.vllm_style_acceptance_length),
             k,
         )
     if vllm is not None:
@@ -410,122 +430,113 @@ def validate_draft(
     # the serving figures join the headline beside the field's benchmarks: on the held-out
     # set alone `dvc metrics show` keeps its width (they stay in the details and report)
     benchmarks = list(sets) != ["heldout"]
-    in_vllm: dict[str, Any] = (
-        {}
-        if vllm is None
-        else {
-            "vllm_acceptance_length": vllm["mean_acceptance_length"],
-            "vllm_per_position_rate": vllm["per_position_rate"],
-            "vllm_lossless": vllm["lossless"],
-            "vllm_tokens_per_s_with_draft": vllm["tokens_per_s_with_draft"],
-            "vllm_tokens_per_s_without_draft": vllm["tokens_per_s_without_draft"],
-            "vllm_speedup": vllm["speedup"],
-            "vllm_best_k": vllm.get("best_k"),  # with validate.k_sweep only
-            "vllm_best_k_speedup": vllm.get("best_k_speedup"),
-            "vllm_sampled_acceptance_length": (vllm.get("sampled") or {}).get(
-                "mean_acceptance_length"
-            ),
-            **(serving_headline(vllm) if benchmarks else {}),
-            "vllm": vllm,
-        }
-    )
     record = ValidateRecord(
-        checkpoint_ok=checkpoint["ok"],
-        checkpoint_errors=checkpoint["errors"],
-        checkpoint_warnings=checkpoint["warnings"],
-        acceptance_length=acc["acceptance_length"],
-        vllm_style_acceptance_length=acc["vllm_style_acceptance_length"],
-        per_position_rate=acc["per_position_rate"],
-        per_position_conditional=acc["per_position_conditional"],
-        accepted_per_pos=acc["accepted_per_pos"],
+        checkpoint_ok=True,  # check_checkpoint refused any other
+        checkpoint_errors=checkpoint.errors,
+        checkpoint_warnings=checkpoint.warnings,
+        acceptance_length=acc.acceptance_length,
+        vllm_style_acceptance_length=acc.vllm_style_acceptance_length,
+        per_position_rate=acc.per_position_rate,
+        per_position_conditional=acc.per_position_conditional,
+        accepted_per_pos=acc.accepted_per_pos,
         k=k,
-        prompts=acc["prompts"],
-        tokens=acc["tokens"],
-        verification_steps=acc["steps"],
-        max_new_tokens=acc["max_new_tokens"],
-        lossless=acc["lossless"],
-        lossless_prompts=acc["lossless_prompts"],
-        divergences=acc["divergences"],
+        prompts=acc.prompts,
+        tokens=acc.tokens,
+        verification_steps=acc.steps,
+        max_new_tokens=acc.max_new_tokens,
+        lossless=acc.lossless,
+        lossless_prompts=acc.lossless_prompts,
+        divergences=acc.divergences,
         device=device,
         dtype=dtype,
         prompt_sets=list(sets),
         # a headline only beside another set: heldout alone is the acceptance above
-        acceptance_by_set=None if list(sets) == ["heldout"] else headline_by_set(sets),
+        acceptance_by_set=None if not benchmarks else headline_by_set(sets),
         sets=sets,
-        **in_vllm,
     )
-    context = {
-        "draft_dir": str(p["draft"]),
-        "target": {
-            "id": spec.hub_id or f"{spec.name} (local: {spec.path})",
-            "name": spec.name,
-            "hub_id": spec.hub_id,
-            "revision": spec.revision,
-            "vllm_architecture": spec.vllm_architecture,
-            "aux_layer_ids": spec.aux_layer_ids,
-        },
-        "checkpoint": checkpoint,
-        "acceptance": acc,
-        "sets": sets,
-        "vllm": vllm,
-        "device": device,
-        "dtype": dtype,
-        "seed": cfg.seed,
-        "data": {
-            "source": cfg.data.source,
-            "path": cfg.data.path,
-            "license": data_licence(cfg),
-            "regenerate": cfg.data.regenerate,
-        },
-        "train": {**draft_summary(p["draft"]), "samples": cfg.train.samples},
-        "versions": installed_versions(PACKAGES),
-    }
-    return record, context
-
-
-def serving_headline(vllm: dict[str, Any]) -> dict[str, Any]:
-    """Acceptance per set at the sampled temperature, speedup per concurrency level and the
-    break-even level: the record's headline fields for a run on benchmark prompt sets."""
-    sampled = vllm.get("sampled")
-    return {
-        "acceptance_by_set_sampled": (
-            {n: f["mean_acceptance_length"] for n, f in sampled["sets"].items()}
-            if sampled
-            else None
+    if vllm is not None:
+        set_vllm_headline(record, vllm, benchmarks)
+    facts = ReportFacts(
+        draft_dir=str(p["draft"]),
+        target=TargetFacts(
+            id=spec.hub_id or f"{spec.name} (local: {spec.path})",
+            name=spec.name,
+            hub_id=spec.hub_id,
+            revision=spec.revision,
+            vllm_architecture=spec.vllm_architecture,
+            aux_layer_ids=list(spec.aux_layer_ids),
         ),
-        "vllm_speedup_by_concurrency": speedup_by_concurrency(vllm["concurrency"]),
-        "vllm_break_even_concurrency": vllm["concurrency"]["break_even_concurrency"],
-    }
+        data=DataFacts(
+            source=str(getattr(cfg.data.source, "value", cfg.data.source)),
+            path=cfg.data.path,
+            license=data_licence(cfg),
+            regenerate=cfg.data.regenerate,
+            samples=cfg.train.samples,
+        ),
+        draft=draft_facts(p["draft"]),
+        serve_command=checkpoint.serve_command,
+        findings=checkpoint.findings,
+        seed=cfg.seed,
+        versions=installed_versions(PACKAGES),
+    )
+    return record, facts
 
 
-def log_serving(vllm: dict[str, Any], k: int) -> None:
+def set_vllm_headline(record: ValidateRecord, vllm: VllmFigures, benchmarks: bool) -> None:
+    """vLLM's figures into the record: the single-stream ones always; the sampled
+    acceptance per set, the speedup per concurrency level and the break-even level beside
+    benchmark prompt sets only (on the held-out set alone they stay in ``vllm``)."""
+    record.vllm = vllm
+    record.vllm_acceptance_length = vllm.mean_acceptance_length
+    record.vllm_per_position_rate = list(vllm.per_position_rate)
+    record.vllm_lossless = vllm.lossless
+    record.vllm_tokens_per_s_with_draft = vllm.tokens_per_s_with_draft
+    record.vllm_tokens_per_s_without_draft = vllm.tokens_per_s_without_draft
+    record.vllm_speedup = vllm.speedup
+    record.vllm_best_k = vllm.best_k  # with validate.k_sweep only
+    record.vllm_best_k_speedup = vllm.best_k_speedup
+    record.vllm_sampled_acceptance_length = (
+        vllm.sampled.mean_acceptance_length if vllm.sampled else None
+    )
+    if benchmarks:
+        record.acceptance_by_set_sampled = (
+            {n: f.mean_acceptance_length for n, f in vllm.sampled.sets.items()}
+            if vllm.sampled
+            else None
+        )
+        if vllm.concurrency is not None:
+            record.vllm_speedup_by_concurrency = vllm.concurrency.speedup_by_concurrency()
+            record.vllm_break_even_concurrency = vllm.concurrency.break_even_concurrency
+
+
+def log_serving(vllm: VllmFigures, k: int) -> None:
     """The sampled and concurrency figures, one line each."""
-    sampled = vllm.get("sampled")
+    sampled = vllm.sampled
     if sampled:
         log.info(
             "vLLM at temperature %s (seed %s, K=%d, concurrency 1): acceptance length %s; %s",
-            sampled["temperature"],
-            sampled["seed"],
+            sampled.temperature,
+            sampled.seed,
             k,
-            _fmt(sampled["mean_acceptance_length"]),
-            ", ".join(
-                f"{n} {_fmt(f['mean_acceptance_length'])}" for n, f in sampled["sets"].items()
-            ),
+            _fmt(sampled.mean_acceptance_length),
+            ", ".join(f"{n} {_fmt(f.mean_acceptance_length)}" for n, f in sampled.sets.items()),
         )
-    conc = vllm["concurrency"]
-    for r in conc["levels"]:
+    conc = vllm.concurrency
+    if conc is None:
+        return
+    for r in conc.levels:
         log.info(
             "vLLM at concurrency %d (T=0, K=%d): %.1f -> %.1f tokens/s, speedup %sx, "
             "acceptance length %s",
-            r["concurrency"],
+            r.concurrency,
             k,
-            r["tokens_per_s_without_draft"] or 0.0,
-            r["tokens_per_s_with_draft"] or 0.0,
-            _fmt(r["speedup"]),
-            _fmt(r["acceptance_length"]),
+            r.tokens_per_s_without_draft or 0.0,
+            r.tokens_per_s_with_draft or 0.0,
+            _fmt(r.speedup),
+            _fmt(r.acceptance_length),
         )
-    b = conc["break_even_concurrency"]
-    top = max(r["concurrency"] for r in conc["levels"])
+    b = conc.break_even_concurrency
+    top = max(r.concurrency for r in conc.levels)
     log.info(
         "the draft %s",
         f"stops paying at concurrency {b}" if b else f"pays at every level measured (to {top})",

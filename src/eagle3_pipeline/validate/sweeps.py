@@ -20,6 +20,7 @@ from typing import Any
 from eagle3_pipeline.serving.offline import Pass
 from eagle3_pipeline.validate.by_set import vllm_by_set
 from eagle3_pipeline.validate.prompt_sets import EvalPrompt
+from eagle3_pipeline.validate.record import ConcurrencyFigures, ConcurrencyLevel, SampledFigures
 from eagle3_pipeline.validate.vllm import acceptance_figures
 
 log = logging.getLogger(__name__)
@@ -51,23 +52,23 @@ def baseline_passes(levels: Sequence[int]) -> list[Pass]:
 
 def sampled_figures(
     run: dict[str, Any], temperature: float, seed: int, prompts: Sequence[EvalPrompt]
-) -> dict[str, Any]:
+) -> SampledFigures:
     """vLLM's acceptance at ``temperature``, pooled and per prompt set."""
-    return {
-        "temperature": temperature,
-        "seed": seed,
-        **acceptance_figures(run["counters"]),
-        "sets": vllm_by_set(prompts, run.get("group_counters", {})),
-        "generated_tokens": run["generated_tokens"],
-        "tokens_per_s": run.get("tokens_per_s"),
-    }
+    return SampledFigures(
+        **vars(acceptance_figures(run["counters"])),
+        temperature=temperature,
+        seed=seed,
+        sets=vllm_by_set(prompts, run.get("group_counters", {})),
+        generated_tokens=run["generated_tokens"],
+        tokens_per_s=run.get("tokens_per_s"),
+    )
 
 
 def concurrency_figures(
     with_draft: dict[int, dict[str, Any]],
     without_draft: dict[int, dict[str, Any]],
     skipped: Sequence[int] = (),
-) -> dict[str, Any]:
+) -> ConcurrencyFigures:
     """Per level: output tokens/s with and without the draft, the speedup, vLLM's
     acceptance length at that level, and whether greedy outputs matched (batched float
     arithmetic may flip a near-tie: reported, not judged). ``break_even_concurrency``: the
@@ -78,24 +79,17 @@ def concurrency_figures(
         d, b = with_draft[c], without_draft[c]
         tps_d, tps_b = d.get("tokens_per_s"), b.get("tokens_per_s")
         rows.append(
-            {
-                "concurrency": c,
-                "tokens_per_s_with_draft": tps_d,
-                "tokens_per_s_without_draft": tps_b,
-                "speedup": tps_d / tps_b if tps_d and tps_b else None,
-                "acceptance_length": acceptance_figures(d["counters"])["mean_acceptance_length"],
-                "same_outputs": d["outputs"] == b["outputs"],
-                "generated_tokens": d["generated_tokens"],
-            }
+            ConcurrencyLevel(
+                concurrency=c,
+                tokens_per_s_with_draft=tps_d,
+                tokens_per_s_without_draft=tps_b,
+                speedup=tps_d / tps_b if tps_d and tps_b else None,
+                acceptance_length=acceptance_figures(d["counters"]).mean_acceptance_length,
+                same_outputs=d["outputs"] == b["outputs"],
+                generated_tokens=d["generated_tokens"],
+            )
         )
-    losing = [r["concurrency"] for r in rows if r["speedup"] is not None and r["speedup"] < 1]
-    return {
-        "levels": rows,
-        "break_even_concurrency": min(losing) if losing else None,
-        "skipped": list(skipped),
-    }
-
-
-def speedup_by_concurrency(figures: dict[str, Any]) -> dict[str, float | None]:
-    """``{"1": x, "4": y, ...}``: the headline (string keys: a metrics file's keys)."""
-    return {str(r["concurrency"]): r["speedup"] for r in figures["levels"]}
+    losing = [r.concurrency for r in rows if r.speedup is not None and r.speedup < 1]
+    return ConcurrencyFigures(
+        levels=rows, break_even_concurrency=min(losing) if losing else None, skipped=list(skipped)
+    )

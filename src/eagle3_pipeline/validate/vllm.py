@@ -36,6 +36,8 @@ from eagle3_pipeline.serving.counters import (
 from eagle3_pipeline.serving.engine import Engine
 from eagle3_pipeline.serving.offline import Pass
 from eagle3_pipeline.serving.server import engine_server
+from eagle3_pipeline.validate.acceptance import AcceptanceResult
+from eagle3_pipeline.validate.record import EnginePair, KSweepRow, VllmAcceptance, VllmFigures
 
 log = logging.getLogger(__name__)
 
@@ -72,17 +74,18 @@ def spec_decode_counters(text: str) -> dict[str, Any]:
     return out
 
 
-def acceptance_figures(c: dict[str, Any]) -> dict[str, Any]:
+def acceptance_figures(c: dict[str, Any]) -> VllmAcceptance:
     """vLLM's mean acceptance length (1 + accepted / drafts) and per-position rates."""
-    d = c.get("drafts", 0)
-    return {
-        "num_drafts": d,
-        "num_draft_tokens": c.get("draft_tokens", 0),
-        "num_accepted_tokens": c.get("accepted", 0),
-        "num_accepted_tokens_per_pos": c.get("accepted_per_pos", []),
-        "mean_acceptance_length": 1 + c.get("accepted", 0) / d if d else None,
-        "per_position_rate": [x / d for x in c.get("accepted_per_pos", [])] if d else [],
-    }
+    d = int(c.get("drafts", 0))
+    per_pos = [int(x) for x in c.get("accepted_per_pos", [])]
+    return VllmAcceptance(
+        num_drafts=d,
+        num_draft_tokens=int(c.get("draft_tokens", 0)),
+        num_accepted_tokens=int(c.get("accepted", 0)),
+        num_accepted_tokens_per_pos=per_pos,
+        mean_acceptance_length=1 + c.get("accepted", 0) / d if d else None,
+        per_position_rate=[x / d for x in per_pos] if d else [],
+    )
 
 
 # --------------------------------------------------------------------------- serve
@@ -208,69 +211,64 @@ def run_served(
 
 
 def compare(
-    ours: dict[str, Any], draft_run: dict[str, Any], plain_run: dict[str, Any], k: int
-) -> dict[str, Any]:
+    ours: AcceptanceResult, draft_run: dict[str, Any], plain_run: dict[str, Any], k: int
+) -> VllmFigures:
     """vLLM's figures beside ours: acceptance, losslessness, speedup."""
-    fig = acceptance_figures(draft_run["counters"])
     if not draft_run["counters"]:
         raise VllmError("vLLM reported no spec-decode counters: the draft was not used")
+    fig = acceptance_figures(draft_run["counters"])
     mismatched = [
         i
         for i, (a, b) in enumerate(zip(draft_run["outputs"], plain_run["outputs"], strict=True))
         if a != b
     ]
-    ours_len = ours.get("vllm_style_acceptance_length")
-    vllm_len = fig["mean_acceptance_length"]
+    ours_len = ours.vllm_style_acceptance_length
+    vllm_len = fig.mean_acceptance_length
     tps_d, tps_p = draft_run.get("tokens_per_s"), plain_run.get("tokens_per_s")
-    return {
-        **fig,
-        "k": k,
-        "ours_acceptance_length": ours_len,
-        "ours_accepted_per_pos": ours.get("accepted_per_pos"),
-        "ours_verification_steps": ours.get("steps"),
-        "acceptance_length_diff": (
+    return VllmFigures(
+        **vars(fig),
+        k=k,
+        ours_acceptance_length=ours_len,
+        ours_accepted_per_pos=list(ours.accepted_per_pos),
+        ours_verification_steps=ours.steps,
+        acceptance_length_diff=(
             None if ours_len is None or vllm_len is None else vllm_len - ours_len
         ),
-        "lossless": not mismatched,
-        "lossless_prompts": len(draft_run["outputs"]) - len(mismatched),
-        "prompts": len(draft_run["outputs"]),
-        "differing_prompts": mismatched,
-        "generated_tokens": draft_run["generated_tokens"],
-        "tokens_per_s_with_draft": tps_d,
-        "tokens_per_s_without_draft": tps_p,
-        "speedup": tps_d / tps_p if tps_d and tps_p else None,
-        "engine_load_s": {
-            "with_draft": draft_run.get("load_s"),
-            "without_draft": plain_run.get("load_s"),
-        },
+        lossless=not mismatched,
+        lossless_prompts=len(draft_run["outputs"]) - len(mismatched),
+        prompts=len(draft_run["outputs"]),
+        differing_prompts=mismatched,
+        generated_tokens=draft_run["generated_tokens"],
+        tokens_per_s_with_draft=tps_d,
+        tokens_per_s_without_draft=tps_p,
+        speedup=tps_d / tps_p if tps_d and tps_p else None,
+        engine_load_s=EnginePair(draft_run.get("load_s"), plain_run.get("load_s")),
         # the generation passes the tokens/s are measured over (engine load excluded)
-        "wall_s": {"with_draft": draft_run.get("wall_s"), "without_draft": plain_run.get("wall_s")},
-    }
+        wall_s=EnginePair(draft_run.get("wall_s"), plain_run.get("wall_s")),
+    )
 
 
-def k_sweep_figures(runs: dict[int, dict[str, Any]], plain_run: dict[str, Any]) -> dict[str, Any]:
+def k_sweep_figures(
+    runs: dict[int, dict[str, Any]], plain_run: dict[str, Any]
+) -> tuple[list[KSweepRow], KSweepRow | None]:
     """Per K: vLLM's acceptance length, single-stream tokens/s and speedup over the same
-    run without the draft, and the K with the best speedup (``validate.k_sweep``)."""
+    run without the draft; and the row of the K with the best speedup (``validate.k_sweep``)."""
     base = plain_run.get("tokens_per_s")
     rows = []
     for k, run in sorted(runs.items()):
         fig = acceptance_figures(run["counters"])
         tps = run.get("tokens_per_s")
         rows.append(
-            {
-                "k": k,
-                "acceptance_length": fig["mean_acceptance_length"],
-                "per_position_rate": fig["per_position_rate"],
-                "tokens_per_s": tps,
-                "speedup": tps / base if tps and base else None,
-                "lossless": run["outputs"] == plain_run["outputs"],
-            }
+            KSweepRow(
+                k=k,
+                acceptance_length=fig.mean_acceptance_length,
+                per_position_rate=fig.per_position_rate,
+                tokens_per_s=tps,
+                speedup=tps / base if tps and base else None,
+                lossless=run["outputs"] == plain_run["outputs"],
+            )
         )
     best = max(
-        (r for r in rows if r["speedup"] is not None), key=lambda r: r["speedup"], default=None
+        (r for r in rows if r.speedup is not None), key=lambda r: r.speedup or 0.0, default=None
     )
-    return {
-        "k_sweep": rows,
-        "best_k": best["k"] if best else None,
-        "best_k_speedup": best["speedup"] if best else None,
-    }
+    return rows, best
