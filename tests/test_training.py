@@ -749,3 +749,62 @@ def test_a_warm_start_from_an_original_eagle3_repository(kimi_data: Path, run_in
     state = model.state_dict()
     for name, tensor in weights.items():
         torch.testing.assert_close(state[name], tensor, rtol=0, atol=0, msg=name)
+
+
+def _bounds(node: Any, prefix: str) -> list[tuple[str, Any, str]]:
+    """``(key, value, which bound)`` for each :func:`ranged` field under ``node``: the value
+    at each of its declared bounds (just inside a strict one)."""
+    import dataclasses
+
+    out: list[tuple[str, Any, str]] = []
+    for f in dataclasses.fields(node):
+        value, key = getattr(node, f.name), f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            out += _bounds(value, f"{key}.")
+        bounds = f.metadata.get("bounds")
+        if bounds is None:
+            continue
+        ge, gt, le, lt = bounds
+        is_int = "int" in str(f.type) and "float" not in str(f.type)
+        step = 1 if is_int else 1e-3
+        for bound, at, name in (
+            (ge, ge, "ge"),
+            (gt, None if gt is None else gt + step, "gt"),
+            (le, le, "le"),
+            (lt, None if lt is None else lt - step, "lt"),
+        ):
+            if bound is not None:
+                out.append((key, int(at) if is_int else float(at), name))
+    return out
+
+
+def test_every_value_the_schema_accepts_passes_the_train_plan(kimi_data: Path, run_in) -> None:
+    """The schema is where refusals live: each bounded key that the train stage reads, set
+    at each of its bounds, either composes and passes the train stage's plan on the tiny
+    Kimi, or is refused while composing (a rule across keys) -- never accepted at compose
+    and refused later by the stage."""
+    from eagle3_pipeline.train.errors import TrainingError
+    from eagle3_pipeline.train.plan import plan_training
+
+    # Refusals that need what only an earlier stage knows, each with the fact it needs;
+    # any other late refusal fails the test.
+    after_compose = {
+        "train.draft.hidden_size": "the target's width (an EAGLE-3 draft shares it)",
+        "train.val_fraction": "the number of prepared rows (one row on each side)",
+    }
+    run_in(kimi_data)
+    base = load_config(REDUCED)
+    cases = [c for c in _bounds(base.train, "train.") + _bounds(base.hardware, "hardware.")]
+    assert len(cases) > 20  # the walk finds the schema's bounds
+    late: list[str] = []
+    for key, value, bound in cases:
+        try:
+            cfg = load_config([*REDUCED, f"{key}={value}"])
+        except ConfigError:
+            continue  # refused at compose: where a refusal belongs
+        try:
+            plan_training(TrainInputs.from_config(cfg))
+        except (ConfigError, TrainingError) as exc:
+            if key not in after_compose:
+                late.append(f"{key}={value} ({bound}): {exc}")
+    assert not late, "\n".join(late)
