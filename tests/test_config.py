@@ -73,7 +73,7 @@ def test_real_target_profiles_name_hub_id_and_remote_code():
         (["hardware.device=tpu"], "hardware.device"),
         (["train.samples=0"], "train.samples"),
         (["model.tiny=null"], "model"),
-        # declared bounds (core.config.ranged), checked wherever the config is composed
+        # declared bounds (core.config.setting), checked wherever the config is composed
         (["validate.k=0"], "validate.k=0 must be >= 1 (or null)"),
         (["validate.num_prompts=0"], "validate.num_prompts=0 must be >= 1 (or null)"),
         (["validate.max_new_tokens=0"], "validate.max_new_tokens=0 must be >= 1"),

