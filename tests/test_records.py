@@ -13,6 +13,7 @@ import json
 import textwrap
 import tokenize
 from pathlib import Path
+from typing import Any
 
 import pytest
 from machines import cfg_for
@@ -34,7 +35,7 @@ from eagle3_pipeline.core.metrics import (
     write_stage_metrics,
 )
 from eagle3_pipeline.core.records import Record, RecordError
-from eagle3_pipeline.data.record import PrepareRecord
+from eagle3_pipeline.data.record import PrepareRecord, Regeneration
 from eagle3_pipeline.extract.manifest import check_manifest, manifest_count
 from eagle3_pipeline.extract.record import ExtractManifest, ExtractPlan, ExtractRecord
 from eagle3_pipeline.extract.view import ExtractInputs
@@ -60,6 +61,19 @@ SAMPLES = {
     "preflight": preflight_record(),
     "target": target_record(),
     "prepare": prepare_record(),
+    "prepare_regenerated": prepare_record(
+        regenerate=True,
+        backend="hf",
+        regeneration=Regeneration(
+            requests=294,
+            cached=0,
+            generated_tokens=16_870,
+            unfinished_turns=45,
+            prompt_mismatch=0,
+            failed_requests=0,
+            wall_s=282.288,
+        ),
+    ),
     "extract": extract_record(),
     "manifest": manifest(),
     "train": train_record(),
@@ -505,6 +519,36 @@ def test_a_field_of_the_wrong_type_is_refused_naming_file_and_key(
     msg = str(err.value)
     assert msg.startswith(f"{path}: {needle}") and "\n" not in msg
     assert "train" in msg  # the stage that rebuilds it
+
+
+@pytest.mark.parametrize(
+    ("name", "where", "value", "needle"),
+    [
+        (
+            "prepare_regenerated",
+            ("regeneration", "requests"),
+            2.5,
+            "key regeneration.requests: expected int, found float",
+        ),
+    ],
+)
+def test_a_wrong_type_inside_a_nested_reading_is_refused_naming_the_dotted_key(
+    tmp_path: Path, name: str, where: tuple[str | int, ...], value: object, needle: str
+) -> None:
+    """The nested readings are checked like the record's own fields: the message names the
+    file and the dotted key down to the wrong value."""
+    record = SAMPLES[name]
+    path = tmp_path / f"{name}.json"
+    data = record.to_dict()
+    inner: Any = data
+    for step in where[:-1]:
+        inner = inner[step]
+    assert where[-1] in inner or isinstance(where[-1], int)  # a key the file has
+    inner[where[-1]] = value
+    path.write_text(json.dumps(data))
+    with pytest.raises(RecordError) as err:
+        type(record).read(path)
+    assert _one_line(err, path, record.STAGE).startswith(f"{path}: {needle}")
 
 
 def test_an_int_figure_is_a_valid_float_and_enums_come_back_as_enums(tmp_path: Path) -> None:
