@@ -141,7 +141,7 @@ def check_preflight(ctx: Context) -> list[str]:
             rec.gpu_count_visible == e.gpu_count == len(rec.gpus),
             f"{rec.gpu_count_visible} GPU(s) visible, {len(rec.gpus)} read, expected {e.gpu_count}",
         )
-        name = str(rec.gpus[0].get("name", ""))
+        name = rec.gpus[0].name
         expect(not e.gpu_name or e.gpu_name in name, f"GPU {name!r}, expected {e.gpu_name!r}")
         tv = rec.torch
         expect(

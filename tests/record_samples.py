@@ -16,7 +16,7 @@ from eagle3_pipeline.extract.record import (
     ManifestTarget,
 )
 from eagle3_pipeline.preflight.record import CheckVerdict, PreflightRecord
-from eagle3_pipeline.runtime.gpu import GpuRelease, GpuSnapshot
+from eagle3_pipeline.runtime.gpu import GpuReading, GpuRelease, GpuSnapshot
 from eagle3_pipeline.targets.record import TargetRecord
 from eagle3_pipeline.train.record import TrainRecipe, TrainRecord
 from eagle3_pipeline.validate.record import ValidateRecord
@@ -46,6 +46,26 @@ def preflight_record(**overrides: Any) -> PreflightRecord:
         snapshot=GpuSnapshot(mode="cpu", gpus=[]),
     )
     return PreflightRecord(**{**fields, **overrides})
+
+
+def gpu_reading(**overrides: Any) -> GpuReading:
+    """One visible GPU as preflight's record keeps it (an idle H200 unless overridden)."""
+    fields: dict[str, Any] = dict(
+        index=0,
+        name="NVIDIA H200",
+        uuid="GPU-0",
+        memory_total_mib=143_771,
+        memory_used_mib=1,
+        compute_capability="9.0",
+        mig_enabled=False,
+        compute_mode="default",
+        processes=[],
+        pci_bus_id="00000000:19:00.0",
+        mig_uuids=[],
+        cuda_index=0,
+        mig_uuid=None,
+    )
+    return GpuReading(**{**fields, **overrides})
 
 
 def target_record(**overrides: Any) -> TargetRecord:

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from record_samples import (
     extract_record,
+    gpu_reading,
     preflight_record,
     prepare_record,
     target_record,
@@ -146,10 +147,10 @@ def _gpu_run(cfg: Any) -> dict[str, Any]:
             mode="cuda",
             hardware="h200_x1",
             driver_version="580.159.04",
-            cuda_driver_version=13000,
+            cuda_driver_version="13.0",
             no_driver=None,
             gpu_count_visible=1,
-            gpus=[{"name": "NVIDIA H200", "memory_used_mib": 1, "cuda_index": 0}],
+            gpus=[gpu_reading()],
             torch=TorchView(version="2.11.0", cuda="13.0", device_count=1),
             packages={"torch": "2.11.0", "speculators": "0.9.0"},
             snapshot=SNAP,
@@ -230,7 +231,7 @@ def test_an_h200_runs_records_pass_every_cuda_assertion(gpu_ctx: Any) -> None:
     "stage, change, words",
     [
         ("preflight", {"no_driver": "no NVIDIA driver", "driver_version": None}, "NVML could"),
-        ("preflight", {"gpus": [{"name": "NVIDIA H100"}]}, "expected 'H200'"),
+        ("preflight", {"gpus": [gpu_reading(name="NVIDIA H100")]}, "expected 'H200'"),
         ("extract", {"device": "cpu"}, "device 'cpu', expected 'cuda'"),
         ("extract", {"model_dtype": "float32"}, "model dtype 'float32'"),
         ("extract", {"peak_gpu_memory_bytes": None}, "nothing ran on the GPU"),

@@ -20,6 +20,7 @@ from eagle3_pipeline.core.metrics import details_path
 from eagle3_pipeline.core.records import Record
 from eagle3_pipeline.plan import resources, target_info
 from eagle3_pipeline.preflight.hardware import TorchView
+from eagle3_pipeline.preflight.record import DiskReading
 from eagle3_pipeline.preflight.run import run_preflight
 from eagle3_pipeline.preflight.view import PreflightInputs
 from eagle3_pipeline.runtime.gpu import MemoryReader
@@ -286,7 +287,9 @@ def test_plan_and_preflight_share_the_disk_estimate(tmp_path):
         free_fn=lambda _: PLENTY,
         versions={},
     )
-    assert pf.metrics.disk["need_bytes"] == p.data["storage"]["disk"]["need_bytes"]
+    disk = pf.metrics.disk
+    assert isinstance(disk, DiskReading)
+    assert disk.need_bytes == p.data["storage"]["disk"]["need_bytes"]
 
 
 def test_cli_kimi_plan_prints_and_writes(tmp_path):

@@ -14,6 +14,7 @@ from machines import BLACKWELL, cfg_for, rtx
 
 from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.preflight.hardware import TorchView
+from eagle3_pipeline.preflight.record import DiskReading
 from eagle3_pipeline.preflight.result import render_preflight
 from eagle3_pipeline.preflight.run import run_preflight
 from eagle3_pipeline.preflight.view import PreflightInputs
@@ -81,7 +82,7 @@ def test_eight_idle_blackwells_pass(tmp_path):
     }
     m = res.metrics
     assert m.passed is True and m.gpu_count_visible == 8
-    assert m.gpus[3]["uuid"].startswith("GPU-03") and m.snapshot.mode == "cuda"
+    assert m.gpus[3].uuid.startswith("GPU-03") and m.snapshot.mode == "cuda"
     table = render_preflight(res)
     assert "preflight passed" in table and "97,887 MiB" in table
 
@@ -200,7 +201,7 @@ def test_visible_subset_by_index_avoids_a_busy_gpu(tmp_path):
     assert "gpu_idle" in failed(run(cfg, gpus, env={"CUDA_VISIBLE_DEVICES": "0,1"}))
     res = run(cfg, gpus, env={"CUDA_VISIBLE_DEVICES": "6,7"})
     assert failed(res) == {}
-    assert [g["index"] for g in res.metrics.gpus] == [6, 7]
+    assert [g.index for g in res.metrics.gpus] == [6, 7]
     assert res.metrics.cuda_visible_devices == "6,7"
 
 
@@ -214,7 +215,7 @@ def test_visible_subset_by_uuid_names_the_cuda_ordinal(tmp_path):
         "CUDA_VISIBLE_DEVICES"
     ]
     res = run(cfg, gpus, env={"CUDA_VISIBLE_DEVICES": gpus[4].uuid})
-    assert failed(res) == {} and res.metrics.gpus[0]["index"] == 4
+    assert failed(res) == {} and res.metrics.gpus[0].index == 4
 
 
 def test_bad_cuda_visible_devices_is_a_failed_check(tmp_path):
@@ -271,9 +272,9 @@ def test_disk_too_small(tmp_path):
     hidden = 100_000 * 512 * (4 * 128 * 2 + 8)
     assert line.startswith(f"need 53.8 GB free under {cfg.data_dir}/, have 40.0 GB"), line
     assert f"hidden states {hidden / 1e9:.1f} GB upper bound" in line
-    assert res.metrics.disk["fits"] is False
-    assert res.metrics.disk["hidden_states_bytes"] == hidden
-    assert res.metrics.disk["bytes_per_token"] == 4 * 128 * 2
+    disk = res.metrics.disk
+    assert isinstance(disk, DiskReading) and disk.fits is False
+    assert disk.hidden_states_bytes == hidden and disk.bytes_per_token == 4 * 128 * 2
 
 
 def test_a_target_that_cannot_be_found_is_the_failed_check(tmp_path, monkeypatch):
@@ -341,7 +342,7 @@ def test_cpu_mode_passes_for_the_cpu_profile(
         "vllm_attention",
     ]
     vllm = res.metrics.vllm
-    assert vllm is not None and vllm["cpu_build"] is True and vllm["version"] == "0.32.0+cpu"
+    assert vllm is not None and vllm.cpu_build is True and vllm.version == "0.32.0+cpu"
     # vLLM's selector is asked about the draft's attention only (the MLA target's is not)
     assert asked == [[{"head_size": 32, "dtype": "float32", "num_heads": 4}]]
     assert res.checks[-1].reading == "the draft's head_dim=32 (train.draft.head_dim) -> CPU_ATTN"
@@ -360,7 +361,7 @@ def test_cpu_mode_passes_with_the_real_vllm_environment(tmp_path: Path) -> None:
     )
     assert res.passed, [c.problems for c in res.checks if not c.passed]
     vllm = res.metrics.vllm
-    assert vllm is not None and vllm["cpu_build"] is True and vllm["cli_version"]
+    assert vllm is not None and vllm.cpu_build is True and vllm.cli_version
     assert res.checks[-1].name == "vllm_attention"
     assert "head_dim=32" in res.checks[-1].reading and "CPU_ATTN" in res.checks[-1].reading
 

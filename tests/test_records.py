@@ -13,11 +13,13 @@ import json
 import textwrap
 import tokenize
 from pathlib import Path
+from typing import Any
 
 import pytest
 from machines import cfg_for
 from record_samples import (
     extract_record,
+    gpu_reading,
     manifest,
     preflight_record,
     prepare_record,
@@ -35,12 +37,18 @@ from eagle3_pipeline.core.metrics import (
     write_stage_metrics,
 )
 from eagle3_pipeline.core.records import Record, RecordError
-from eagle3_pipeline.data.record import PrepareRecord
+from eagle3_pipeline.data.record import PrepareRecord, Regeneration
 from eagle3_pipeline.extract.manifest import check_manifest, manifest_count
 from eagle3_pipeline.extract.record import ExtractManifest, ExtractPlan, ExtractRecord
 from eagle3_pipeline.extract.view import ExtractInputs
 from eagle3_pipeline.plan import resources, target_info
-from eagle3_pipeline.preflight.record import PreflightRecord
+from eagle3_pipeline.preflight.record import (
+    DiskReading,
+    DiskUnknown,
+    PreflightRecord,
+    VllmReading,
+)
+from eagle3_pipeline.runtime.gpu import GpuMemory, GpuProcess, GpuSnapshot
 from eagle3_pipeline.targets.record import TargetRecord
 from eagle3_pipeline.train.record import TrainRecord
 from eagle3_pipeline.train.view import TrainInputs
@@ -57,10 +65,58 @@ KIMI = (
     "train.samples=1000",
 )
 
+BUSY = GpuProcess(pid=8812, name="python", used_mib=41_210)
 SAMPLES = {
     "preflight": preflight_record(),
+    # a GPU run with every nested reading set: the visible GPU, the disk need, vLLM's probe
+    "preflight_cuda": preflight_record(
+        mode="cuda",
+        hardware="h200_x1",
+        driver_version="580.159.04",
+        cuda_driver_version="13.0",
+        no_driver=None,
+        gpu_count_visible=1,
+        gpus=[gpu_reading(memory_used_mib=41_210, processes=[BUSY])],
+        disk=DiskReading(
+            path="data",
+            hidden_states_bytes=126_812_160,
+            checkpoint_bytes=5_788_160,
+            margin_bytes=1_000_000_000,
+            need_bytes=1_132_600_320,
+            free_bytes=70_558_887_936,
+            upper_bound=True,
+            fits=True,
+            bytes_per_token=1024,
+            total_tokens=122_880.0,
+            basis="upper bound: data.max_seq_len=512 tokens per conversation",
+        ),
+        vllm=VllmReading(
+            python="/venv/bin/python",
+            version="0.33.0",
+            cpu_build=False,
+            cli_version="0.33.0",
+            import_s=15.3,
+            eagle3_options=["norm_before_fc"],
+            error=None,
+            ok=True,
+        ),
+        snapshot=GpuSnapshot(mode="cuda", gpus=[GpuMemory(0, "GPU-0", 41_210, [BUSY])]),
+    ),
     "target": target_record(),
     "prepare": prepare_record(),
+    "prepare_regenerated": prepare_record(
+        regenerate=True,
+        backend="hf",
+        regeneration=Regeneration(
+            requests=294,
+            cached=0,
+            generated_tokens=16_870,
+            unfinished_turns=45,
+            prompt_mismatch=0,
+            failed_requests=0,
+            wall_s=282.288,
+        ),
+    ),
     "extract": extract_record(),
     "manifest": manifest(),
     "train": train_record(),
@@ -539,6 +595,77 @@ def test_a_field_of_the_wrong_type_is_refused_naming_file_and_key(
     msg = str(err.value)
     assert msg.startswith(f"{path}: {needle}") and "\n" not in msg
     assert "train" in msg  # the stage that rebuilds it
+
+
+@pytest.mark.parametrize(
+    ("name", "where", "value", "needle"),
+    [
+        (
+            "preflight_cuda",
+            ("gpus", 0, "processes", 0, "pid"),
+            "8812",
+            "key gpus[0].processes[0].pid: expected int, found str",
+        ),
+        ("preflight_cuda", ("gpus", 0, "mig_uuid"), 7, "key gpus[0].mig_uuid: expected str"),
+        ("preflight_cuda", ("disk", "fits"), "yes", "key disk.fits: expected bool, found str"),
+        (
+            "preflight_cuda",
+            ("vllm", "eagle3_options", 0),
+            1,
+            "key vllm.eagle3_options[0]: expected str, found int",
+        ),
+        (
+            "preflight_cuda",
+            ("cuda_driver_version",),
+            13000,
+            "key cuda_driver_version: expected str, found int",
+        ),
+        (
+            "prepare_regenerated",
+            ("regeneration", "requests"),
+            2.5,
+            "key regeneration.requests: expected int, found float",
+        ),
+    ],
+)
+def test_a_wrong_type_inside_a_nested_reading_is_refused_naming_the_dotted_key(
+    tmp_path: Path, name: str, where: tuple[str | int, ...], value: object, needle: str
+) -> None:
+    """The nested readings are checked like the record's own fields: the message names the
+    file and the dotted key down to the wrong value."""
+    record = SAMPLES[name]
+    path = tmp_path / f"{name}.json"
+    data = record.to_dict()
+    inner: Any = data
+    for step in where[:-1]:
+        inner = inner[step]
+    assert where[-1] in inner or isinstance(where[-1], int)  # a key the file has
+    inner[where[-1]] = value
+    path.write_text(json.dumps(data))
+    with pytest.raises(RecordError) as err:
+        type(record).read(path)
+    assert _one_line(err, path, record.STAGE).startswith(f"{path}: {needle}")
+
+
+def test_a_disk_that_cannot_be_estimated_reads_back_as_such(tmp_path: Path) -> None:
+    """The disk field is one of two readings: the figures, or why there are none; a wrong
+    type inside either is named at its own key, not as a mismatch of the whole union."""
+    path = tmp_path / "preflight.json"
+    record = preflight_record(disk=DiskUnknown(path="data", error="no config.json"))
+    record.write(path)
+    assert json.loads(path.read_text())["disk"] == {"path": "data", "error": "no config.json"}
+    assert PreflightRecord.read(path) == record
+    data = record.to_dict()
+    data["disk"]["error"] = ["no config.json"]
+    path.write_text(json.dumps(data))
+    with pytest.raises(RecordError) as err:
+        PreflightRecord.read(path)
+    assert "key disk.error: expected str, found list" in _one_line(err, path, "preflight")
+    data["disk"] = {"path": "data"}  # neither reading
+    path.write_text(json.dumps(data))
+    with pytest.raises(RecordError) as err:
+        PreflightRecord.read(path)
+    assert "key disk: expected DiskReading | DiskUnknown" in _one_line(err, path, "preflight")
 
 
 def test_an_int_figure_is_a_valid_float_and_enums_come_back_as_enums(tmp_path: Path) -> None:

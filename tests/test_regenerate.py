@@ -477,14 +477,14 @@ def test_stage_regenerates_through_the_server_backend(tiny_target, server, tmp_p
     )
     m = prepare(PrepareInputs.from_config(cfg), progress=False)
     assert m.regenerate is True and m.backend == "server" and m.errors == {}
-    assert m.regeneration["requests"] == m.rows >= 4
+    assert m.regeneration is not None and m.regeneration.requests == m.rows >= 4
     server_rows = load_from_disk(str(prepared_dir(PrepareInputs.from_config(cfg)))).with_format(
         None
     )[:]
     m2 = prepare(
         PrepareInputs.from_config(load_config(common)), progress=False
     )  # hf: a separate cache, same tokens
-    assert m2.backend == "hf" and m2.regeneration["cached"] == 0
+    assert m2.backend == "hf" and m2.regeneration is not None and m2.regeneration.cached == 0
     assert (
         load_from_disk(str(prepared_dir(PrepareInputs.from_config(cfg)))).with_format(None)[:]
         == server_rows

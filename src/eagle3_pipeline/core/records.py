@@ -176,7 +176,12 @@ def plain(value: Any) -> Any:
 
 
 class _WrongType(ValueError):
-    """A value that is not of its field's declared type (message: the key and both types)."""
+    """A value that is not of its field's declared type (message: the key and both types);
+    ``key``: the dotted key the message names."""
+
+    def __init__(self, message: str, key: str) -> None:
+        super().__init__(message)
+        self.key = key
 
 
 _HINTS: dict[type, dict[str, Any]] = {}
@@ -190,6 +195,10 @@ def _hints(cls: type) -> dict[str, Any]:
 
 
 def _name(tp: Any) -> str:
+    if tp is type(None):
+        return "None"
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):  # each by its own name
+        return " | ".join(_name(arg) for arg in typing.get_args(tp))
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
@@ -217,25 +226,30 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 return _coerce(value, arg, key)
             except _WrongType as exc:
                 errors.append(exc)
-        raise errors[0] if len(errors) == 1 else _WrongType(_message(value, tp, key))
+        # one alternative the value has the shape of (its error is inside, at a deeper
+        # key: a union of dataclasses): that one's error says what is wrong
+        inside = [e for e in errors if e.key != key]
+        if len(errors) == 1 or len(inside) == 1:
+            raise (inside or errors)[0]
+        raise _WrongType(_message(value, tp, key), key)
     if origin is typing.Literal:
         if value in typing.get_args(tp):
             return value
-        raise _WrongType(_message(value, tp, key))
+        raise _WrongType(_message(value, tp, key), key)
     if origin in (list, tuple, dict):
         args = typing.get_args(tp)
         if origin is dict:
             if not isinstance(value, dict):
-                raise _WrongType(_message(value, tp, key))
+                raise _WrongType(_message(value, tp, key), key)
             kt, vt = args or (Any, Any)
             return {
                 _coerce(k, kt, f"{key}.{k}"): _coerce(v, vt, f"{key}.{k}") for k, v in value.items()
             }
         if not isinstance(value, list | tuple):
-            raise _WrongType(_message(value, tp, key))
+            raise _WrongType(_message(value, tp, key), key)
         if origin is tuple and args and args[-1] is not Ellipsis:
             if len(args) != len(value):
-                raise _WrongType(_message(value, tp, key))
+                raise _WrongType(_message(value, tp, key), key)
             return tuple(
                 _coerce(v, t, f"{key}[{i}]")
                 for i, (v, t) in enumerate(zip(value, args, strict=True))
@@ -248,7 +262,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             if isinstance(value, tp):
                 return value
             if not isinstance(value, dict):
-                raise _WrongType(_message(value, tp, key))
+                raise _WrongType(_message(value, tp, key), key)
             hints = _hints(tp)
             names = {f.name for f in fields(tp)}
             missing = [
@@ -257,7 +271,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 if f.default is MISSING and f.default_factory is MISSING and f.name not in value
             ]
             if missing:
-                raise _WrongType(f"key {key}: missing {', '.join(missing)}")
+                raise _WrongType(f"key {key}: missing {', '.join(missing)}", key)
             return tp(
                 **{k: _coerce(v, hints[k], f"{key}.{k}") for k, v in value.items() if k in names}
             )
@@ -265,16 +279,16 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             try:
                 return tp(value)
             except ValueError:
-                raise _WrongType(_message(value, tp, key)) from None
+                raise _WrongType(_message(value, tp, key), key) from None
         if tp is float:
             if isinstance(value, int | float) and not isinstance(value, bool):
                 return value
-            raise _WrongType(_message(value, tp, key))
+            raise _WrongType(_message(value, tp, key), key)
         if tp is int and isinstance(value, bool):
-            raise _WrongType(_message(value, tp, key))
+            raise _WrongType(_message(value, tp, key), key)
         if isinstance(value, tp):
             return value
-        raise _WrongType(_message(value, tp, key))
+        raise _WrongType(_message(value, tp, key), key)
     return value  # a construct this checker does not know: taken as written
 
 

@@ -39,7 +39,7 @@ from eagle3_pipeline.data.conversations import (
 )
 from eagle3_pipeline.data.view import PrepareInputs
 from eagle3_pipeline.data.pinned import PinnedFileError, data_file
-from eagle3_pipeline.data.record import PrepareRecord
+from eagle3_pipeline.data.record import PrepareRecord, Regeneration
 from eagle3_pipeline.targets.adapter import load_target_spec, read_json
 from eagle3_pipeline.targets.families import family_for_config
 from eagle3_pipeline.targets.tiny import REASONING_MARKERS as TINY_REASONING_MARKERS
@@ -213,7 +213,7 @@ def prepare(cfg: PrepareInputs, progress: bool = True) -> PrepareRecord:
 
     errors: Counter[str] = Counter(bad.counts)
     dropped: Counter[str] = Counter()
-    regen: dict[str, Any] = {}
+    regen: Regeneration | None = None
     if d.regenerate:
         from eagle3_pipeline.data.regenerate import GenerationCache, cache_path, regenerate_rows
 
@@ -234,7 +234,7 @@ def prepare(cfg: PrepareInputs, progress: bool = True) -> PrepareRecord:
             )
         errors.update(stats.errors)
         dropped.update(stats.dropped)
-        regen = stats.to_dict()
+        regen = stats.summary()
         if stats.prompt_mismatch:
             log.warning(
                 "%d generations were conditioned on other token ids than our chat-template "
@@ -284,7 +284,7 @@ def prepare(cfg: PrepareInputs, progress: bool = True) -> PrepareRecord:
         regenerate=d.regenerate,
         backend=d.regenerate_backend if d.regenerate else None,
         reasoning=d.reasoning,
-        regeneration=regen or None,
+        regeneration=regen,
         wall_s=round(time.perf_counter() - t0, 3),
         roles=str(d.roles),
         turns_dropped=dict(sorted(bad.turns_dropped.items())),

@@ -9,7 +9,6 @@ the source's records before any tokenizer runs.)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from eagle3_pipeline.core.records import Record, headline, optional
 
@@ -35,7 +34,7 @@ class PrepareRecord(Record):
     regenerate: bool  # data.regenerate: assistant turns are the target's own answers
     backend: str | None  # data.regenerate_backend, None without regeneration
     reasoning: str  # data.reasoning
-    regeneration: dict[str, Any] | None = optional()  # the regeneration's counts and cache
+    regeneration: Regeneration | None = optional()  # its counts, None without regeneration
     wall_s: float  # the stage's own time
     # What the draft was trained on (fields with defaults: earlier files stay readable).
     roles: str = "any"  # data.roles: the role rule applied
@@ -68,3 +67,19 @@ class TurnTokens:
     mean_prompt_tokens: float  # the context before the answer
     mean_completion_tokens: float  # the answer, before truncation
     max_prompt_tokens: int  # the longest context
+
+
+@dataclass(frozen=True)
+class Regeneration:
+    """What on-policy regeneration did (``data.regenerate``): requests, cache hits and
+    what the target answered."""
+
+    requests: int  # generation requests sent to the backend (one per turn not cached)
+    cached: int  # turns answered from the cache of an earlier run
+    generated_tokens: int  # tokens the target generated
+    unfinished_turns: int  # answers cut at data.max_new_tokens before the end-of-turn token
+    # generations the backend conditioned on other ids than our render of the same messages
+    # (a server with another chat template): its ids were used
+    prompt_mismatch: int
+    failed_requests: int  # requests that failed (per kind in the record's errors)
+    wall_s: float  # the regeneration's own time

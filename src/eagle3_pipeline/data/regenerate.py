@@ -37,6 +37,7 @@ from typing import Any, Protocol
 
 from eagle3_pipeline.core.config import ConfigError
 from eagle3_pipeline.data.conversations import Row, render_ids
+from eagle3_pipeline.data.record import Regeneration
 
 log = logging.getLogger(__name__)
 
@@ -206,16 +207,17 @@ class RegenStats:
     dropped: Counter[str] = field(default_factory=Counter)
     wall_s: float = 0.0
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "requests": self.requests,
-            "cached": self.cached,
-            "generated_tokens": self.generated_tokens,
-            "unfinished_turns": self.unfinished_turns,
-            "prompt_mismatch": self.prompt_mismatch,
-            "failed_requests": sum(self.errors.values()),
-            "wall_s": round(self.wall_s, 3),
-        }
+    def summary(self) -> Regeneration:
+        """What prepare's record keeps (the errors and drops go to its own counters)."""
+        return Regeneration(
+            requests=self.requests,
+            cached=self.cached,
+            generated_tokens=self.generated_tokens,
+            unfinished_turns=self.unfinished_turns,
+            prompt_mismatch=self.prompt_mismatch,
+            failed_requests=sum(self.errors.values()),
+            wall_s=round(self.wall_s, 3),
+        )
 
 
 class _Rounds:

@@ -6,8 +6,6 @@ storage estimate (:mod:`eagle3_pipeline.plan.resources`) can say so before anyth
 
 from __future__ import annotations
 
-from typing import Any
-
 from eagle3_pipeline.core.errors import ConfigError
 from eagle3_pipeline.plan.resources import (
     FreeBytesFn,
@@ -17,11 +15,14 @@ from eagle3_pipeline.plan.resources import (
 )
 from eagle3_pipeline.plan.target_info import load_target
 from eagle3_pipeline.plan.units import fmt_gb
+from eagle3_pipeline.preflight.record import DiskReading, DiskUnknown
 from eagle3_pipeline.preflight.result import Check
 from eagle3_pipeline.preflight.view import PreflightInputs
 
 
-def check_disk(cfg: PreflightInputs, free_fn: FreeBytesFn) -> tuple[Check, dict[str, Any]]:
+def check_disk(
+    cfg: PreflightInputs, free_fn: FreeBytesFn
+) -> tuple[Check, DiskReading | DiskUnknown]:
     """Free space vs hidden states + checkpoint + margin (the plan's numbers)."""
     where = cfg.preflight.disk_path or cfg.data_dir
     try:
@@ -31,7 +32,7 @@ def check_disk(cfg: PreflightInputs, free_fn: FreeBytesFn) -> tuple[Check, dict[
     except ConfigError as exc:
         return (
             Check("disk", False, "cannot estimate", [f"disk: cannot estimate the need: {exc}"]),
-            {"path": where, "error": str(exc)},
+            DiskUnknown(path=str(where), error=str(exc)),
         )
     reading = (
         f"{fmt_gb(need.free_bytes)} free under {need.path}/, need {fmt_gb(need.need_bytes)} "
@@ -40,10 +41,17 @@ def check_disk(cfg: PreflightInputs, free_fn: FreeBytesFn) -> tuple[Check, dict[
         f"{fmt_gb(need.checkpoint_bytes)} + margin {fmt_gb(need.margin_bytes)})"
     )
     problem = need.problem()
-    info = {
-        **need.to_dict(),
-        "bytes_per_token": storage.bytes_per_token,
-        "total_tokens": storage.total_tokens,
-        "basis": storage.basis,
-    }
+    info = DiskReading(
+        path=need.path,
+        hidden_states_bytes=need.hidden_states_bytes,
+        checkpoint_bytes=need.checkpoint_bytes,
+        margin_bytes=need.margin_bytes,
+        need_bytes=need.need_bytes,
+        free_bytes=need.free_bytes,
+        upper_bound=need.upper_bound,
+        fits=need.fits,
+        bytes_per_token=storage.bytes_per_token,
+        total_tokens=storage.total_tokens,
+        basis=storage.basis,
+    )
     return Check("disk", problem is None, reading, [problem] if problem else []), info

@@ -21,7 +21,12 @@ from eagle3_pipeline.preflight.data import check_data_file
 from eagle3_pipeline.preflight.disk import check_disk
 from eagle3_pipeline.preflight.hardware import TorchView, check_driver, gpu_checks, torch_view
 from eagle3_pipeline.preflight.init import check_init_source
-from eagle3_pipeline.preflight.record import CheckVerdict, PreflightRecord
+from eagle3_pipeline.preflight.record import (
+    CheckVerdict,
+    DiskReading,
+    DiskUnknown,
+    PreflightRecord,
+)
 from eagle3_pipeline.preflight.result import Check, PreflightResult, inventory, write_outputs
 from eagle3_pipeline.preflight.software import (
     attention_queries,
@@ -32,17 +37,18 @@ from eagle3_pipeline.preflight.software import (
     package_versions,
     probe_vllm,
     vllm_needed,
+    vllm_reading,
 )
 from eagle3_pipeline.preflight.target import check_target_files
 from eagle3_pipeline.preflight.view import PreflightInputs
 from eagle3_pipeline.runtime.gpu import (
     GpuError,
-    GpuMemory,
     GpuSnapshot,
     NoGpuDriver,
     NvmlReader,
     VisibleGpu,
-    gpu_record,
+    gpu_memory,
+    gpu_reading,
     open_reader,
     read_all,
     select_visible,
@@ -56,7 +62,7 @@ class _Machine:
     visible: list[VisibleGpu] = field(default_factory=list)
     no_driver: str | None = None
     driver: str | None = None
-    cuda_driver: Any = None
+    cuda_driver: str | None = None
     checks: list[Check] = field(default_factory=list)  # a bad CUDA_VISIBLE_DEVICES
 
 
@@ -84,17 +90,6 @@ def _read_machine(
         if own is not None and hasattr(own, "close"):
             own.close()
     return m
-
-
-def _snapshot(mode: str, visible: list[VisibleGpu]) -> GpuSnapshot:
-    """The reading the train stage compares its post-training reading with."""
-    return GpuSnapshot(
-        mode=mode,
-        gpus=[
-            GpuMemory(v.cuda_index, v.info.uuid, v.info.memory_used_mib, list(v.info.processes))
-            for v in visible
-        ],
-    )
 
 
 def run_preflight(
@@ -125,19 +120,18 @@ def run_preflight(
     data_check, data_fingerprint = check_data_file(cfg)
     init_check, init_fingerprint = check_init_source(cfg)
     checks[:0] = [target_check, data_check, *([init_check] if init_check else [])]
-    disk_info: dict[str, Any] | None = None
+    disk_info: DiskReading | DiskUnknown | None = None
     if target_check.passed:  # the estimate reads the target's config
         disk_check, disk_info = check_disk(cfg, free_fn)
         checks.append(disk_check)
-    vllm_reading = None
+    probed = None
     if vllm_needed(cfg):
-        vllm_reading = vllm_probe(cfg)
-        checks.append(check_vllm(cfg, vllm_reading))
-        if vllm_reading.ok and target_check.passed:
-            checks.append(_attention_check(cfg, vllm_reading, attention_probe))
+        probed = vllm_probe(cfg)
+        checks.append(check_vllm(cfg, probed))
+        if probed.ok and target_check.passed:
+            checks.append(_attention_check(cfg, probed, attention_probe))
 
     mode = "cuda" if use_gpus and visible else "cpu"
-    records = [gpu_record(v) for v in visible]
     metrics = PreflightRecord(
         passed=all(c.passed for c in checks),
         strict=cfg.preflight.strict,
@@ -150,13 +144,13 @@ def run_preflight(
         cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"),
         cuda_device_order=env.get("CUDA_DEVICE_ORDER"),
         gpu_count_visible=len(visible),
-        gpus=records,
+        gpus=[gpu_reading(v) for v in visible],
         torch=view,
         packages=vers,
         disk=disk_info,
-        vllm=vllm_reading.to_dict() if vllm_reading is not None else None,
+        vllm=vllm_reading(probed) if probed is not None else None,
         checks={c.name: CheckVerdict(c.passed, c.reading, c.problems) for c in checks},
-        snapshot=_snapshot(mode, visible),
+        snapshot=GpuSnapshot(mode=mode, gpus=gpu_memory(visible)),
     )
     return PreflightResult(
         checks,

@@ -7,13 +7,17 @@ probed through that environment's interpreter, never imported here.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eagle3_pipeline.compat.vllm import EAGLE3_DRAFT_OPTIONS
 from eagle3_pipeline.core.config import eagle3_options
 from eagle3_pipeline.core.versions import installed_versions
+from eagle3_pipeline.preflight.record import VllmReading
 from eagle3_pipeline.preflight.result import Check
 from eagle3_pipeline.preflight.view import PreflightInputs
+
+if TYPE_CHECKING:
+    from eagle3_pipeline.serving.env import VllmProbe
 
 # Installed-version requirements checked from package metadata (pyproject.toml's ranges).
 PACKAGES: dict[str, str] = {
@@ -73,7 +77,7 @@ def vllm_needed(cfg: PreflightInputs) -> bool:
     )
 
 
-def probe_vllm(cfg: PreflightInputs) -> Any:
+def probe_vllm(cfg: PreflightInputs) -> VllmProbe:
     """The vLLM environment's own answer (a ``VllmProbe``); a missing one is a reading with
     ``error`` set, so it becomes a failed check rather than a crash."""
     from eagle3_pipeline.serving.env import VllmEnvError, VllmProbe, find_python, probe
@@ -82,6 +86,20 @@ def probe_vllm(cfg: PreflightInputs) -> Any:
         return probe(find_python(cfg.vllm.python))
     except VllmEnvError as exc:
         return VllmProbe(python=str(cfg.vllm.python), error=str(exc))
+
+
+def vllm_reading(probe: VllmProbe) -> VllmReading:
+    """What the record keeps of a ``VllmProbe``: its fields, and whether it is usable."""
+    return VllmReading(
+        python=probe.python,
+        version=probe.version,
+        cpu_build=probe.cpu_build,
+        cli_version=probe.cli_version,
+        import_s=probe.import_s,
+        eagle3_options=None if probe.eagle3_options is None else list(probe.eagle3_options),
+        error=probe.error,
+        ok=probe.ok,
+    )
 
 
 def check_vllm(cfg: PreflightInputs, result: Any) -> Check:

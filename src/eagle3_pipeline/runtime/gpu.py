@@ -16,7 +16,6 @@ Nothing here imports torch; ``pynvml`` (from ``nvidia-ml-py``) is imported lazil
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -69,7 +68,9 @@ class NoGpuDriver(GpuError):
 
 @dataclass(frozen=True)
 class GpuProcess:
-    pid: int
+    """A process holding memory on a GPU, as NVML lists it."""
+
+    pid: int  # its process id (in the driver's namespace: another container's may differ)
     name: str | None  # None when neither NVML nor /proc can tell (another container)
     used_mib: int | None  # None when the driver does not report it (e.g. under MIG)
 
@@ -360,16 +361,44 @@ def visible_gpus(reader: NvmlReader, env: Mapping[str, str] | None = None) -> li
 # --------------------------------------------------------------------------- snapshots
 
 
-def gpu_record(v: VisibleGpu) -> dict[str, Any]:
+@dataclass(frozen=True)
+class GpuReading:
+    """One visible GPU as preflight's record keeps it: NVML's reading (:class:`GpuInfo`)
+    with the compute capability as text, and where the run sees it (CUDA ordinal, MIG)."""
+
+    index: int  # NVML's index (PCI bus order), not the CUDA ordinal
+    name: str  # the product name, e.g. NVIDIA H200
+    uuid: str  # NVML's GPU UUID
+    memory_total_mib: int  # the GPU's memory
+    memory_used_mib: int  # memory in use when preflight read it
+    compute_capability: str  # major.minor, e.g. 9.0
+    mig_enabled: bool  # MIG mode is on
+    compute_mode: str  # default, exclusive_process, ... (NVML's compute mode)
+    processes: list[GpuProcess]  # the processes holding memory on it
+    pci_bus_id: str  # NVML's PCI bus id, '' when it cannot tell
+    mig_uuids: list[str]  # its MIG instances' UUIDs (MIG mode only)
+    cuda_index: int  # the CUDA ordinal the run sees it as (torch's cuda:N)
+    mig_uuid: str | None  # the MIG instance CUDA_VISIBLE_DEVICES selected, None: the GPU
+
+
+def gpu_reading(v: VisibleGpu) -> GpuReading:
     """The volatile per-GPU reading written to metrics (UUIDs and memory in use)."""
     g = v.info
-    rec = dataclasses.asdict(g)
-    rec["compute_capability"] = g.cc_str
-    rec["processes"] = [dataclasses.asdict(p) for p in g.processes]
-    rec["mig_uuids"] = list(g.mig_uuids)
-    rec["cuda_index"] = v.cuda_index
-    rec["mig_uuid"] = v.mig_uuid
-    return rec
+    return GpuReading(
+        index=g.index,
+        name=g.name,
+        uuid=g.uuid,
+        memory_total_mib=g.memory_total_mib,
+        memory_used_mib=g.memory_used_mib,
+        compute_capability=g.cc_str,
+        mig_enabled=g.mig_enabled,
+        compute_mode=g.compute_mode,
+        processes=list(g.processes),
+        pci_bus_id=g.pci_bus_id,
+        mig_uuids=list(g.mig_uuids),
+        cuda_index=v.cuda_index,
+        mig_uuid=v.mig_uuid,
+    )
 
 
 @dataclass(frozen=True)
@@ -378,8 +407,8 @@ class GpuMemory:
 
     cuda_index: int  # torch's ``cuda:N``
     uuid: str  # NVML's, stable across CUDA_VISIBLE_DEVICES orderings
-    memory_used_mib: int
-    processes: list[GpuProcess]
+    memory_used_mib: int  # memory in use at that moment
+    processes: list[GpuProcess]  # the processes holding memory on it then
 
 
 @dataclass(frozen=True)
@@ -388,7 +417,7 @@ class GpuSnapshot:
     record keeps one, and train compares it with another taken after its workers exit."""
 
     mode: str  # cuda, or cpu when there is no driver
-    gpus: list[GpuMemory]
+    gpus: list[GpuMemory]  # per GPU the run uses, in CUDA order
     reason: str | None = field(default=None, metadata={"optional": True})  # cpu: why
 
 
@@ -398,11 +427,22 @@ class GpuRelease:
     preflight's snapshot. ``mode`` is ``not applicable`` on CPU, with the reason."""
 
     mode: str  # cuda or not applicable
-    reason: str | None = field(default=None, metadata={"optional": True})
+    reason: str | None = field(default=None, metadata={"optional": True})  # why not applicable
+    # NVML right after the training workers exited (cuda only)
     after_workers_exit: GpuSnapshot | None = field(default=None, metadata={"optional": True})
+    # preflight's snapshot was there to compare with
     compared_with_preflight: bool | None = field(default=None, metadata={"optional": True})
     clean: bool | None = field(default=None, metadata={"optional": True})  # None: unchecked
-    problems: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # one line per GPU not given back
+
+
+def gpu_memory(visible: list[VisibleGpu]) -> list[GpuMemory]:
+    """Memory in use on each of these GPUs, and by which processes, as NVML read them:
+    what :func:`snapshot` and preflight's record keep."""
+    return [
+        GpuMemory(v.cuda_index, v.info.uuid, v.info.memory_used_mib, list(v.info.processes))
+        for v in visible
+    ]
 
 
 def snapshot(reader: NvmlReader | None = None, env: Mapping[str, str] | None = None) -> GpuSnapshot:
@@ -419,14 +459,7 @@ def snapshot(reader: NvmlReader | None = None, env: Mapping[str, str] | None = N
         except NoGpuDriver as exc:
             return GpuSnapshot(mode="cpu", gpus=[], reason=str(exc))
     try:
-        gpus = visible_gpus(reader, env)
-        return GpuSnapshot(
-            mode="cuda",
-            gpus=[
-                GpuMemory(v.cuda_index, v.info.uuid, v.info.memory_used_mib, list(v.info.processes))
-                for v in gpus
-            ],
-        )
+        return GpuSnapshot(mode="cuda", gpus=gpu_memory(visible_gpus(reader, env)))
     finally:
         if own is not None:
             own.close()
