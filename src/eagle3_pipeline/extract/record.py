@@ -75,13 +75,13 @@ class ExtractRecord(Record):
 class ManifestTarget:
     """The target the states were computed from (part of the manifest's key)."""
 
-    name: str
-    hub_id: str | None
+    name: str  # the target's short name
+    hub_id: str | None  # its hub id (null: a local target)
     revision: str | None  # a pinned commit: it alone identifies the weights
-    architecture: str
-    num_layers: int
-    hidden_size: int
-    vocab_size: int
+    architecture: str  # its transformers architecture
+    num_layers: int  # its decoder layers
+    hidden_size: int  # the width of each stored state
+    vocab_size: int  # its vocabulary
     weights: str | None  # the weights' fingerprint when no pinned revision says which
 
 
@@ -98,8 +98,8 @@ class ManifestLayers:
 class ManifestSamples:
     """The rows the files were extracted from."""
 
-    count: int
-    tokens: int
+    count: int  # rows
+    tokens: int  # their tokens
     input_ids_sha256: str  # of every row's ids, in order (proves an extension)
 
 
@@ -118,13 +118,13 @@ class OnlineSection:
     """``extract.mode=online``: the extraction server the train stage starts for the length
     of training (the engine with a placeholder for its staging directory), and how."""
 
-    engine: Engine
+    engine: Engine  # the vLLM engine train serves (staging directory as a placeholder)
     python: str | None  # the vLLM environment's python (vllm.python; null: found)
-    port: int
+    port: int  # the server's port on 127.0.0.1
     concurrency: int  # requests in flight per worker
     staging_dir: str | None  # where the connector writes (null: a temporary directory)
-    startup_timeout_s: float
-    shutdown_timeout_s: float
+    startup_timeout_s: float  # seconds the server may take to start
+    shutdown_timeout_s: float  # and to stop
     log_file: str  # the server's log
 
 
