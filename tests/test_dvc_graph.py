@@ -3,6 +3,7 @@ volatile file feeds a stage, and editing a module stales exactly the stages that
 
 from __future__ import annotations
 
+import importlib
 import shutil
 import subprocess
 import sys
@@ -24,6 +25,8 @@ from stage_graph import (
 from workdirs import repo_copy
 
 from eagle3_pipeline.tools.graph import render
+from eagle3_pipeline.tools.keymap import KEYMAP
+from eagle3_pipeline.tools.keymap import render as render_keymap
 
 
 @pytest.mark.parametrize("stage", STAGES)
@@ -91,13 +94,56 @@ def test_eagle3_graph_check_fails_on_a_stale_dvc_yaml(tmp_path: Path, edit, why:
     assert stale != text, why
     assert render(stale) == text  # regenerating repairs it
     (tmp_path / "dvc.yaml").write_text(stale, encoding="utf-8")
+    (tmp_path / "docs").mkdir()
+    shutil.copy(ROOT / KEYMAP, tmp_path / KEYMAP)  # current: only dvc.yaml is stale
     proc = subprocess.run(
         [sys.executable, "-m", "eagle3_pipeline.tools.graph", "--check"],
         cwd=tmp_path,
         capture_output=True,
         text=True,
     )
-    assert proc.returncode == 1 and "run eagle3-graph" in proc.stderr
+    assert proc.returncode == 1 and "dvc.yaml" in proc.stderr and str(KEYMAP) not in proc.stderr
+
+
+def test_the_key_map_is_generated_from_the_schema_and_checked(tmp_path: Path) -> None:
+    """docs/configuration.md is what the schema and the views say; a stale one fails the
+    check, and eagle3-graph rewrites it."""
+    from eagle3_pipeline.core.config import key_facts, leaf_keys
+
+    text = (ROOT / KEYMAP).read_text(encoding="utf-8")
+    assert text == render_keymap(), "docs/configuration.md is stale: run eagle3-graph"
+    keys = leaf_keys()
+    assert len(keys) > 150 and all(f"| `{k}` |" in text for k in keys)
+    undocumented = [k for k in keys if not key_facts(k).doc]
+    assert not undocumented, f"keys without a description: {undocumented}"
+    assert "| `train.epochs` | `20` | int >= 1 | train | passes over the training rows |" in text
+    assert "| `vllm.extra_args` | `[]` | list[str] |" in text
+    shutil.copy(ROOT / "dvc.yaml", tmp_path / "dvc.yaml")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / KEYMAP).write_text(text.replace("passes over", "loops over"), encoding="utf-8")
+    cmd = [sys.executable, "-m", "eagle3_pipeline.tools.graph"]
+    proc = subprocess.run([*cmd, "--check"], cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 1 and str(KEYMAP) in proc.stderr
+    assert subprocess.run(cmd, cwd=tmp_path, capture_output=True).returncode == 0
+    assert (tmp_path / KEYMAP).read_text(encoding="utf-8") == text
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_each_stage_help_lists_the_keys_it_reads(stage: str) -> None:
+    """--help names every key the stage's view reads, with its default and description."""
+    from eagle3_pipeline.core.config import key_facts, leaf_keys
+
+    view = importlib.import_module(f"eagle3_pipeline.stages.{stage}").INPUTS
+    proc = subprocess.run(
+        [sys.executable, "-m", f"eagle3_pipeline.stages.{stage}", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    for key in [leaf for k in view.keys() for leaf in leaf_keys(k)]:
+        facts = key_facts(key)
+        assert f"  {key} = {facts.default}  [" in proc.stdout and facts.doc in proc.stdout, key
 
 
 def test_no_volatile_file_feeds_a_stage() -> None:

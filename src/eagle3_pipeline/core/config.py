@@ -19,11 +19,13 @@ import argparse
 import json
 import os
 import sys
+import types
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass
+from enum import Enum
 from pathlib import Path
-from typing import Any, get_args, get_type_hints
+from typing import Any, get_args, get_origin, get_type_hints
 
 from eagle3_pipeline.core.choices import (
     AttnImplementation,
@@ -414,6 +416,8 @@ class TargetStageConfig:
 
 @dataclass
 class PreflightConfig:
+    """The ``preflight`` stage: how strict it is and where it measures free disk."""
+
     # false: failed checks are printed as warnings and the stage exits 0
     strict: bool = setting(True, "false: failed checks are warnings and the stage exits 0")
     # free space kept beyond the estimated hidden states + checkpoint
@@ -492,7 +496,7 @@ class DraftShapeConfig:
     """The draft's decoder shape; null = derived from the target (see draft/shape.py)."""
 
     layer_type: DraftLayerType = setting(
-        DraftLayerType.llama, "the draft's decoder layer: llama or mla"
+        DraftLayerType.llama, "the draft's decoder layer (llama, qwen3 or mla)"
     )
     num_layers: int = setting(1, "decoder layers of the draft", ge=1)
     # Must be null or the target's hidden size (speculators and vLLM require it).
@@ -545,6 +549,8 @@ def eagle3_options(draft: DraftShapeConfig) -> dict[str, bool]:
 
 @dataclass
 class TrainConfig:
+    """The ``train`` stage: the draft's shape, its recipe and how it runs."""
+
     # Number of training conversations (`dvc exp run -S train.samples=N` grows the data).
     samples: int = setting(
         240, "training conversations (grows the data: dvc exp run -S train.samples=N)", ge=1
@@ -1135,13 +1141,111 @@ def load_config(
     return _to_config(compose(overrides, conf_dir))
 
 
-def stage_argparser(prog: str, description: str) -> argparse.ArgumentParser:
-    """The command line every stage shares: ``[--params FILE] [key=value ...]``."""
+@dataclass(frozen=True)
+class KeyFacts:
+    """One configuration key as ``--help`` and the key map show it, from the schema."""
+
+    key: str  # dotted
+    default: str  # the schema's default, as YAML writes it (a section: its keys' defaults)
+    accepts: str  # the type, the Enum's choices, the bounds, "or null"
+    doc: str  # the field's one-line description (a section: its class docstring's first line)
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, Enum):
+        return str(value.value)
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list):
+        return "[" + ", ".join(_show(v) for v in value) + "]"
+    if is_dataclass(value):
+        return "{...}"
+    return str(value)
+
+
+def _accepts(tp: Any, bounds: tuple[float | None, ...] | None) -> str:
+    union = isinstance(tp, types.UnionType)
+    nullable = union and type(None) in get_args(tp)
+    base = next(a for a in get_args(tp) if a is not type(None)) if union else tp
+    item = get_args(base)[0] if get_origin(base) is list else None
+    if isinstance(base, type) and issubclass(base, Enum):
+        text = " | ".join(str(m.value) for m in base)
+    elif isinstance(item, type) and issubclass(item, Enum):
+        text = "list of " + " | ".join(str(m.value) for m in item)
+    elif get_args(base):  # list[int], dict[...]
+        text = str(base).replace("typing.", "")
+    else:
+        text = getattr(base, "__name__", str(base))
+    if bounds:
+        ge, gt, le, lt = bounds
+        parts = [f">= {ge}" if ge is not None else "", f"> {gt}" if gt is not None else ""]
+        parts += [f"<= {le}" if le is not None else "", f"< {lt}" if lt is not None else ""]
+        text += " " + ", ".join(x for x in parts if x)
+    return text + (", or null" if nullable else "")
+
+
+def key_facts(key: str) -> KeyFacts:
+    """What the schema says of dotted ``key``: default, accepted values, description."""
+    f = describe(Config, key)
+    value: Any = Config()
+    for part in key.split("."):
+        value = getattr(value, part, None) if value is not None else None
+    tp = get_type_hints(_owner(key))[f.name]
+    section = next((a for a in get_args(tp) or (tp,) if is_dataclass(a)), None)
+    doc = f.metadata.get("doc") or ""
+    if section is not None and not doc:
+        doc = " ".join((section.__doc__ or "").strip().split("\n\n")[0].split())
+    accepts = "section" if section is not None else _accepts(tp, f.metadata.get("bounds"))
+    return KeyFacts(key, _show(value), accepts, doc)
+
+
+def leaf_keys(key: str = "") -> list[str]:
+    """``key`` itself when it is a value; every value key under it when it is a section
+    (the whole schema for ``""``), in declaration order."""
+    cls: Any = Config
+    if key:
+        hint = get_type_hints(_owner(key))[key.split(".")[-1]]
+        cls = next((a for a in get_args(hint) or (hint,) if is_dataclass(a)), None)
+        if cls is None:
+            return [key]
+    out: list[str] = []
+    for f in fields(cls):
+        out += leaf_keys(f"{key}.{f.name}" if key else f.name)
+    return out
+
+
+def _owner(key: str) -> Any:
+    """The dataclass that declares dotted ``key``'s last part."""
+    owner: Any = Config
+    for part in key.split(".")[:-1]:
+        hint = get_type_hints(owner)[part]
+        owner = next(a for a in get_args(hint) or (hint,) if is_dataclass(a))
+    return owner
+
+
+def keys_help(keys: list[str]) -> str:
+    """``--help``'s list of the keys a stage reads: each with its default and description
+    (a section a stage reads whole: each of its keys)."""
+    lines = ["Keys this stage reads (override as key=value; docs/configuration.md has all):"]
+    for key in [leaf for k in keys for leaf in leaf_keys(k)]:
+        k = key_facts(key)
+        lines.append(f"  {k.key} = {k.default}  [{k.accepts}]")
+        lines.append(f"      {k.doc}")
+    return "\n".join(lines) + "\n"
+
+
+def stage_argparser(
+    prog: str, description: str, keys: list[str] | None = None
+) -> argparse.ArgumentParser:
+    """The command line every stage shares: ``[--params FILE] [key=value ...]``; its help
+    lists ``keys`` (the stage's input view) from the schema."""
     parser = argparse.ArgumentParser(
         prog=prog,
         description=description,
         epilog=(
-            "Examples:\n"
+            (keys_help(keys) + "\n" if keys else "") + "Examples:\n"
             f"  python -m {prog} --params params.yaml      # what dvc.yaml runs\n"
             f"  python -m {prog} train.epochs=1 model=tiny_llama   # compose conf/ + overrides\n"
         ),
@@ -1160,11 +1264,16 @@ def stage_argparser(prog: str, description: str) -> argparse.ArgumentParser:
 
 
 def config_from_cli(
-    prog: str, description: str, argv: list[str] | None = None, stage: str | None = None
+    prog: str,
+    description: str,
+    argv: list[str] | None = None,
+    stage: str | None = None,
+    keys: list[str] | None = None,
 ) -> tuple[Config, argparse.Namespace]:
     """Parse a stage's command line and load its config; exit 2 with one line on error,
-    which names ``stage`` (a stage's line reads like its other errors)."""
-    parser = stage_argparser(prog, description)
+    which names ``stage`` (a stage's line reads like its other errors). ``keys``: what
+    ``--help`` lists."""
+    parser = stage_argparser(prog, description, keys)
     args = parser.parse_args(argv)
     try:
         cfg = load_config(args.overrides, params=args.params, conf_dir=args.conf_dir)

@@ -10,6 +10,7 @@ from typing import TypeVar
 
 from eagle3_pipeline.core.config import Config, config_from_cli
 from eagle3_pipeline.core.errors import ConfigError, StageError
+from eagle3_pipeline.core.inputs import Inputs
 from eagle3_pipeline.core.logs import log_repeat_summary, setup_logging
 from eagle3_pipeline.runtime.keep import Keeper, volatile_outputs
 from eagle3_pipeline.runtime.signals import Interrupted, interrupts_raise
@@ -44,8 +45,15 @@ def run_stage(
     keeper: Keeper | None = None
     try:
         with interrupts_raise():
+            owner = getattr(view, "__self__", None)  # the Inputs class of INPUTS.from_config
             cfg, _args = config_from_cli(
-                f"eagle3_pipeline.stages.{name}", description, argv, stage=name
+                f"eagle3_pipeline.stages.{name}",
+                description,
+                argv,
+                stage=name,
+                keys=owner.keys()
+                if isinstance(owner, type) and issubclass(owner, Inputs)
+                else None,
             )
             setup_logging()
             keeper = Keeper(name, volatile_outputs(name, cfg)) if restore_on_failure else None

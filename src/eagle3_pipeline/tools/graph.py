@@ -27,6 +27,8 @@ from typing import Any
 
 import yaml
 
+from eagle3_pipeline.core.io import atomic_write_text
+
 PKG = "eagle3_pipeline"
 SRC = Path(__file__).resolve().parents[2]  # the directory holding the package
 STAGES = ("preflight", "target", "prepare", "extract", "train", "validate")
@@ -207,7 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="eagle3-graph",
         description="Rewrite dvc.yaml's code deps (each stage: the modules it imports) "
-        "and params (each stage: the keys its input view declares).",
+        "and params (each stage: the keys its input view declares), and the key map "
+        "docs/configuration.md (every key's default, accepted values, description and "
+        "readers, from the schema).",
     )
     ap.add_argument("--dvc-yaml", default="dvc.yaml", type=Path)
     ap.add_argument(
@@ -218,24 +222,39 @@ def main(argv: list[str] | None = None) -> int:
     if not path.is_file():
         print(f"eagle3-graph: {path}: not found (run it in the repository root)", file=sys.stderr)
         return 2
+    from eagle3_pipeline.tools import keymap
+
     text = path.read_text(encoding="utf-8")
     new = render(text)
+    keys_path = path.parent / keymap.KEYMAP
+    keys_old = keys_path.read_text(encoding="utf-8") if keys_path.is_file() else None
+    keys_new = keymap.render()
     if args.check:
+        stale = False
         if new != text:
             print(
                 f"eagle3-graph: {path}: code deps differ from the import graph or params "
                 "from the stage input views; run eagle3-graph to rewrite them",
                 file=sys.stderr,
             )
-            return 1
-        return 0
-    if new != text:
-        tmp = path.with_suffix(".yaml.tmp")
-        tmp.write_text(new, encoding="utf-8")
-        tmp.replace(path)
-        print(f"eagle3-graph: {path}: code deps and params rewritten")
-    else:
-        print(f"eagle3-graph: {path}: up to date")
+            stale = True
+        if keys_new != keys_old:
+            print(
+                f"eagle3-graph: {keys_path}: differs from the schema and the stage input "
+                "views; run eagle3-graph to rewrite it",
+                file=sys.stderr,
+            )
+            stale = True
+        return 1 if stale else 0
+    for target, old, fresh, what in (
+        (path, text, new, "code deps and params rewritten"),
+        (keys_path, keys_old, keys_new, "key map rewritten"),
+    ):
+        if fresh != old:
+            atomic_write_text(target, fresh)
+            print(f"eagle3-graph: {target}: {what}")
+        else:
+            print(f"eagle3-graph: {target}: up to date")
     return 0
 
 
