@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LIMIT_MIB = 64.0  # what one device call carries: the working tree and the wheels together
 
 # What the stages import on the proof's path that the GPU machine lacks (the quick test
-# tests/test_gpu_proof.py checks that these plus PREINSTALLED cover every third-party
+# tests/preflight/test_gpu_proof.py checks that these plus PREINSTALLED cover every third-party
 # import reachable from the stages).
 ROOTS = (
     "speculators",  # the draft model, its data format and trainer pieces

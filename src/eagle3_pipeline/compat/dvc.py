@@ -13,7 +13,7 @@ The wrapper also runs the schema's own checks (ranges, cross-key rules:
 ``core.config.validate``) on the composed result, so ``-S validate.k=0`` is refused the
 same way, before DVC writes params.yaml or runs a stage.
 
-Only when DVC is the running program (``dvc`` imported); ``tests/test_compat.py``
+Only when DVC is the running program (``dvc`` imported); ``tests/compat/test_compat.py``
 checks the internals this relies on and the line DVC prints.
 """
 

@@ -12,8 +12,8 @@ reads the pieces DVC's own ``push``/``pull``/``status -c`` use: ``repo.cloud.get
 (the remote's name, path and filesystem), ``repo.cloud.get_remote_odb`` (its object
 database), each locked output's ``hash_info``, a directory output's listing
 (``dvc_data``'s ``Tree.load``, from the local cache or else from the remote) and
-``HashFileDB.oids_exist``. ``tests/test_compat.py`` checks that they are there and
-``tests/test_remote.py`` uses them on real repositories (and shows the ``dvc push``
+``HashFileDB.oids_exist``. ``tests/compat/test_compat.py`` checks that they are there and
+``tests/tools/test_remote.py`` uses them on real repositories (and shows the ``dvc push``
 behaviour :func:`send_absent` works around), so both fail when DVC changes them.
 """
 

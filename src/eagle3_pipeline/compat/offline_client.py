@@ -9,7 +9,7 @@ replaces ``openai.AsyncOpenAI`` (which the client looks up at call time, through
 placeholder, then runs speculators' own CLI unchanged. The key travels in the environment,
 never on the command line (``ps`` shows command lines to every user of the node).
 
-``tests/test_compat.py`` runs the real client against a localhost server and fails if the
+``tests/compat/test_compat.py`` runs the real client against a localhost server and fails if the
 key stops arriving, i.e. when speculators changes how it builds its client.
 """
 

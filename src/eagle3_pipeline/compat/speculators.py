@@ -3,7 +3,7 @@
 Why one module: speculators is young and its internals move between releases. Code
 elsewhere in the pipeline calls the functions below instead of reaching into
 speculators' private attributes, so when speculators changes there is exactly one place
-to fix, and ``tests/test_compat.py`` fails loudly, naming the internal that moved.
+to fix, and ``tests/compat/test_compat.py`` fails loudly, naming the internal that moved.
 
 Nothing here is imported at module import time from speculators: ``import speculators``
 costs about 7 s, and stages that never touch a draft model must not pay for it.
@@ -74,7 +74,7 @@ def register_draft_layer(model_type: str, components: Any) -> None:
     ``speculators.models.eagle3.model_definitions.model_classes`` by the layer config's
     ``model_type`` (llama and qwen3 only), and ``Eagle3DraftModel.__init__`` reads that same
     dict object. ``components`` is a ``speculators.models.base_components.ModelComponents``
-    (first layer, later layers, norm, rotary). ``tests/test_compat.py`` fails when the
+    (first layer, later layers, norm, rotary). ``tests/compat/test_compat.py`` fails when the
     dict moves or the model stops reading it."""
     from speculators.models.eagle3 import core, model_definitions
 

@@ -11,7 +11,7 @@ at a higher precision (its result differs from the bfloat16 one by bfloat16's ro
 so on a CPU it is used instead; on CUDA nothing changes.
 
 :func:`float32_newton_schulz_on_cpu` patches the module attribute that torch's
-``_single_tensor_muon`` calls; ``tests/test_compat.py`` fails once torch stops computing
+``_single_tensor_muon`` calls; ``tests/compat/test_compat.py`` fails once torch stops computing
 in bfloat16 on a CPU (then this module can go) or renames the function.
 """
 

@@ -10,7 +10,7 @@ things the pipeline needs before spending that time live in transformers' intern
   (``load_gguf_checkpoint(path, return_tensors=False)``), so the plan and preflight can
   describe a GGUF target without converting it.
 
-``tests/test_gguf.py`` fails when either moves.
+``tests/targets/test_gguf.py`` fails when either moves.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Every workaround of vLLM's own bugs and gaps, in one place (vLLM's CPU build, 0.32).
 
 Each function says when it applies; :mod:`eagle3_pipeline.serving.engine` asks them and
-nothing else decides. ``tests/test_vllm_compat.py`` runs the real vLLM and fails when a
+nothing else decides. ``tests/compat/test_vllm_compat.py`` runs the real vLLM and fails when a
 bug below is fixed upstream, so the workaround can then be dropped.
 
 1. **MLA off when a llama / qwen3 draft is served on the CPU build.** EAGLE-3 with MLA

@@ -23,7 +23,7 @@ nothing. Where it applied, the process's environment names it in ``EAGLE3_VLLM_P
 (inherited by the processes it starts; the offline worker reports it) and vLLM's log has a
 line.
 
-Written against vLLM 0.32 (CPU build). ``tests/test_vllm_compat.py`` fails once vLLM's own
+Written against vLLM 0.32 (CPU build). ``tests/compat/test_vllm_compat.py`` fails once vLLM's own
 expansion is right: then this module and its entry point can go.
 
 Runs inside the vLLM environment: the standard library at import, torch and vLLM only

@@ -169,7 +169,7 @@ class FingerprintMode(Choice):
 class TinyArchitecture(Choice):
     """The target families the ``target`` stage builds a tiny member of: those with a tiny
     builder in ``targets/families`` (declared here so that the config, below the targets,
-    checks ``model.tiny.architecture`` itself; tests/test_families.py keeps the two equal)."""
+    checks ``model.tiny.architecture`` itself; tests/targets/test_families.py keeps the two equal)."""
 
     kimi_k25 = "kimi_k25"
     llama = "llama"

@@ -7,7 +7,7 @@ tensors all read this table).
 
 Both libraries key the type by the layer config's ``model_type``: speculators' training
 CLI maps it to a transformers config class, vLLM's speculators-config reader to its
-``Eagle3<Type>ForCausalLM``. ``tests/test_compat.py`` and ``tests/test_vllm_compat.py``
+``Eagle3<Type>ForCausalLM``. ``tests/compat/test_compat.py`` and ``tests/compat/test_vllm_compat.py``
 fail when either library's list stops containing one of these.
 
 ``mla`` is ours: speculators has no MLA layer (``draft/mla.py`` registers one) and vLLM

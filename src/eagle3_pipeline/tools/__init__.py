@@ -5,5 +5,5 @@
 Why a layer of their own, above ``stages/``: a DVC stage depends on exactly the modules it
 imports (``dvc.yaml``'s code deps are generated from the import graph), and no stage
 imports a tool, so editing a tool reruns nothing. Tools may import anything below them;
-nothing below imports a tool (``tests/test_layers.py``).
+nothing below imports a tool (``tests/pipeline/test_layers.py``).
 """

@@ -1,0 +1,126 @@
+"""eagle3-compare against real `dvc exp run` experiments of a small DVC project (a stage
+that writes validate/train summaries the way the pipeline's stages lay them out), and
+against the pipeline's own experiments in tests/pipeline/test_pipeline_dvc.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from eagle3_pipeline.tools.experiments.compare import changed_params, experiments_from_json, main
+
+STAGE = """\
+import json, os, yaml
+p = yaml.safe_load(open("params.yaml"))
+s, lr = p["train"]["samples"], p["train"]["lr"]
+os.makedirs("dvclive/validate", exist_ok=True)
+os.makedirs("dvclive/train", exist_ok=True)
+json.dump({"acceptance_length": 1 + s / 1000, "vllm_speedup": 1 + s / 2000, "k": 3},
+          open("dvclive/validate/metrics.json", "w"))
+json.dump({"step": 10, "val": {"loss": 5 - s / 1000 + lr}}, open("dvclive/train/metrics.json", "w"))
+"""
+DVC_YAML = """\
+stages:
+  fake:
+    cmd: python fake.py
+    deps: [fake.py]
+    params: [train]
+    metrics:
+      - dvclive/validate/metrics.json: {cache: false}
+      - dvclive/train/metrics.json: {cache: false}
+"""
+
+
+def _run(cwd: Path, *cmd: str) -> str:
+    env = {
+        **os.environ,
+        "DVC_NO_ANALYTICS": "1",
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.invalid",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.invalid",
+    }
+    proc = subprocess.run(list(cmd), cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"{cmd}: {proc.stdout[-2000:]} {proc.stderr[-2000:]}"
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("proj")
+    (root / "fake.py").write_text(STAGE)
+    (root / "dvc.yaml").write_text(DVC_YAML)
+    (root / "params.yaml").write_text(
+        "train:\n  samples: 24\n  lr: 0.001\npaths:\n  live: dvclive\n"
+    )
+    dvc = (sys.executable, "-m", "dvc")
+    _run(root, "git", "init", "-q")
+    _run(root, *dvc, "init", "-q")
+    _run(root, *dvc, "repro", "-q")
+    _run(root, "git", "add", "-A")
+    _run(root, "git", "commit", "-qm", "baseline")
+    _run(root, *dvc, "exp", "run", "-q", "-S", "train.samples=1000", "--name", "more-samples")
+    _run(
+        root,
+        *dvc,
+        "exp",
+        "run",
+        "-q",
+        "-S",
+        "train.samples=24",
+        "-S",
+        "train.lr=0.01",
+        "--name",
+        "higher-lr",
+    )
+    return root
+
+
+@pytest.mark.integration  # real `dvc exp run` experiments
+def test_every_experiment_with_the_params_that_differ(project: Path, capsys, tmp_path):
+    out = tmp_path / "compare.png"
+    assert main(["--repo", str(project), "--out", str(out)]) == 0
+    text = capsys.readouterr().out.splitlines()
+    header = text[0].split()
+    assert header[:3] == ["experiment", "train.samples", "train.lr"]
+    rows = {line.split()[0]: line.split() for line in text[2:-1]}
+    # the baseline commit, and both experiments; values straight from their metrics files
+    assert set(rows) == {"master", "more-samples", "higher-lr"} or set(rows) == {
+        "main",
+        "more-samples",
+        "higher-lr",
+    }
+    assert rows["more-samples"][1:] == ["1000", "0.001", "2", "1.5", "4.001"]
+    assert rows["higher-lr"][1:] == ["24", "0.01", "1.024", "1.012", "4.986"]
+    assert out.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.integration  # real `dvc exp run` experiments
+def test_the_figures_are_dvcs_own(project: Path):
+    shown = json.loads(_run(project, sys.executable, "-m", "dvc", "exp", "show", "--json"))
+    rows = experiments_from_json(shown)
+    assert changed_params(rows) == ["train.samples", "train.lr"]
+    by_name = {r.name: r for r in rows}
+    assert by_name["more-samples"].figures == {
+        "acceptance length": 2.0,
+        "vLLM speedup": 1.5,
+        "MT-Bench": None,  # run without validate.prompt_sets' benchmarks
+        "HumanEval": None,
+        "MT-Bench T>0": None,
+        "break-even C": None,
+        "val loss": pytest.approx(4.001),
+        "best K": None,
+        "best-K speedup": None,
+    }  # run without validate.k_sweep
+
+
+def test_nothing_validated_is_one_line(tmp_path, capsys):
+    empty = tmp_path / "shown.json"
+    empty.write_text("[]")
+    assert main(["--json", str(empty), "--out", str(tmp_path / "x.png")]) == 1
+    assert capsys.readouterr().err.startswith("error: compare: no experiment has validated")
