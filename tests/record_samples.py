@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from eagle3_pipeline.data.record import PrepareRecord
+from eagle3_pipeline.draft.shape import DraftShape
 from eagle3_pipeline.extract.record import (
     ExtractManifest,
     ExtractPlan,
@@ -18,7 +19,7 @@ from eagle3_pipeline.extract.record import (
 from eagle3_pipeline.preflight.record import CheckVerdict, PreflightRecord
 from eagle3_pipeline.runtime.gpu import GpuRelease, GpuSnapshot
 from eagle3_pipeline.targets.record import TargetRecord
-from eagle3_pipeline.train.record import TrainRecipe, TrainRecord
+from eagle3_pipeline.train.record import EpochSharding, TrainRecipe, TrainRecord
 from eagle3_pipeline.validate.record import ValidateRecord
 
 CPU_GPU = GpuRelease(mode="not applicable", reason="trained on CPU")
@@ -158,10 +159,24 @@ def train_record(**overrides: Any) -> TrainRecord:
         parallel="none",
         parallel_reason="one process",
         distributed_backend=None,
-        data_parallel=[],
+        data_parallel=[
+            EpochSharding(
+                epoch=0, rows_per_rank=[10], rows_seen=10, rows_on_several_ranks=0, train_rows=10
+            )
+        ],
         hardware="cpu",
         target="tiny-kimi",
-        draft_shape={"num_layers": 1},
+        draft_shape=DraftShape(
+            layer_type="llama",
+            num_layers=1,
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            head_dim=16,
+            intermediate_size=128,
+            rms_norm_eps=1e-6,
+            max_position_embeddings=1024,
+        ),
         draft_vocab_size=1024,
         recipe=TrainRecipe(
             optimizer="adamw",

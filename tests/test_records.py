@@ -507,6 +507,49 @@ def test_a_field_of_the_wrong_type_is_refused_naming_file_and_key(
     assert "train" in msg  # the stage that rebuilds it
 
 
+@pytest.mark.parametrize(
+    ("name", "keys", "value", "needle"),
+    [
+        (
+            "train",
+            ("data_parallel", 0, "rows_per_rank"),
+            [10, "5"],
+            "key data_parallel[0].rows_per_rank[1]: expected int, found str",
+        ),
+        (
+            "train",
+            ("draft_shape", "head_dim"),
+            16.5,
+            "key draft_shape.head_dim: expected int, found float",
+        ),
+        (
+            "train",
+            ("draft_shape", "mla"),
+            {"q_lora_rank": None, "kv_lora_rank": 512, "qk_nope_head_dim": "128"},
+            "key draft_shape.mla: missing qk_rope_head_dim, v_head_dim",
+        ),
+    ],
+)
+def test_a_wrong_type_inside_a_nested_record_is_refused_naming_the_dotted_key(
+    tmp_path: Path, name: str, keys: tuple[str | int, ...], value: object, needle: str
+) -> None:
+    """The check goes all the way down: a figure inside a nested record (an epoch's
+    sharding, the draft's shape) is refused naming its dotted key."""
+    record = SAMPLES[name]
+    path = tmp_path / f"{name}.json"
+    record.write(path)
+    data = json.loads(path.read_text())
+    inner = data
+    for k in keys[:-1]:
+        inner = inner[k]
+    inner[keys[-1]] = value
+    path.write_text(json.dumps(data))
+    with pytest.raises(RecordError) as err:
+        type(record).read(path)
+    assert needle in _one_line(err, path, record.STAGE)
+    assert str(err.value).startswith(f"{path}: {needle}")
+
+
 def test_an_int_figure_is_a_valid_float_and_enums_come_back_as_enums(tmp_path: Path) -> None:
     record = SAMPLES["train"]
     path = tmp_path / "train.json"
