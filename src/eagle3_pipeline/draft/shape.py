@@ -38,17 +38,18 @@ REASONING_MARKER_CANDIDATES = reasoning_markers()
 
 @dataclass(frozen=True)
 class DraftShape:
-    """The resolved decoder-layer shape of the draft (what goes into config.json)."""
+    """The resolved decoder-layer shape of the draft (what goes into config.json); the
+    train record holds it as it is (``draft_shape``)."""
 
-    layer_type: str
-    num_layers: int
-    hidden_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    intermediate_size: int
-    rms_norm_eps: float
-    max_position_embeddings: int
+    layer_type: str  # train.draft.layer_type: llama, qwen3 or mla
+    num_layers: int  # decoder layers of the draft
+    hidden_size: int  # the target's (fc and the frozen embeddings / lm_head require it)
+    num_attention_heads: int  # attention heads
+    num_key_value_heads: int  # key/value heads (GQA groups)
+    head_dim: int  # per head
+    intermediate_size: int  # the MLP's width
+    rms_norm_eps: float  # the target's RMSNorm epsilon
+    max_position_embeddings: int  # the target's (4096 when it sets none)
     # The latent sizes of an MLA draft layer (the target's own); None for llama / qwen3.
     mla: MlaDims | None = None
 

@@ -36,7 +36,6 @@ def run(cfg: TrainInputs) -> None:
     from eagle3_pipeline.train.launch import run_training
     from eagle3_pipeline.train.live import write_summary
     from eagle3_pipeline.train.plan import TrainPaths
-    from eagle3_pipeline.train.record import TrainRecord
 
     if not this_node(cfg.hardware.nodes).main:
         run_training(cfg)  # node 0's stage records the run
@@ -44,10 +43,8 @@ def run(cfg: TrainInputs) -> None:
         return
     before = preflight_snapshot(cfg)
     remove_path(details_path(cfg, "train"))
-    figures = run_training(cfg, before)
-    record = TrainRecord.from_dict(
-        {**figures, "version": TrainRecord.schema_version()}, "the train workers' figures"
-    )
+    record = run_training(cfg, before)
+    assert record is not None  # node 0's run returns its record
     write_details(cfg, record)
     write_summary(TrainPaths.from_config(cfg).live, record)
     log.info(

@@ -42,11 +42,11 @@ class MlaDims:
     layer copies, and what vLLM's MLA kernels are chosen by (the CPU one wants
     kv_lora_rank + qk_rope_head_dim = 576)."""
 
-    q_lora_rank: int | None
-    kv_lora_rank: int
-    qk_nope_head_dim: int
-    qk_rope_head_dim: int
-    v_head_dim: int
+    q_lora_rank: int | None  # the query's low rank (None: one full query projection)
+    kv_lora_rank: int  # the joint key/value latent's width
+    qk_nope_head_dim: int  # per head: the query/key part without rotary embedding
+    qk_rope_head_dim: int  # per head: the query/key part with rotary embedding
+    v_head_dim: int  # per head: the value's width
 
 
 @dataclass

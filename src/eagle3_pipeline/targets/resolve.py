@@ -9,14 +9,15 @@ into a plain checkpoint (:mod:`eagle3_pipeline.targets.gguf`); both land in
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
-from typing import Any
 
 from eagle3_pipeline.core.errors import ConfigError
 from eagle3_pipeline.core.io import atomic_dir, atomic_write_json
 from eagle3_pipeline.targets.adapter import TargetSource, TargetSpec, describe_target
-from eagle3_pipeline.targets.record import TargetRecord
+from eagle3_pipeline.targets.record import GgufConversion, TargetRecord
+from eagle3_pipeline.targets.tiny import TinyTarget
 from eagle3_pipeline.targets.view import TargetInputs
 
 log = logging.getLogger(__name__)
@@ -82,9 +83,9 @@ def check_target(spec: TargetSpec, model_dir: Path) -> None:
         )
 
 
-def _build(cfg: TargetInputs, model_dir: Path, progress: bool) -> dict[str, Any]:
+def _build(cfg: TargetInputs, model_dir: Path, progress: bool) -> TinyTarget | GgufConversion:
     """Write the checkpoint the target stage owns: build the tiny target, or convert the
-    GGUF file."""
+    GGUF file; what building it measured."""
     if cfg.model.gguf is not None:
         from eagle3_pipeline.targets.gguf import convert_gguf
 
@@ -94,6 +95,40 @@ def _build(cfg: TargetInputs, model_dir: Path, progress: bool) -> dict[str, Any]
 
     assert cfg.model.tiny is not None
     return build_tiny_target(cfg.model.tiny, cfg.target, model_dir, cfg.seed, progress)
+
+
+def target_record(spec: TargetSpec, built: TinyTarget | GgufConversion | None) -> TargetRecord:
+    """The stage's record, field by field: the target's shape facts and, for a target the
+    stage built (``built``; None: a real target, described only), what building it cost."""
+    record = TargetRecord(
+        built=built is not None,
+        name=spec.name,
+        architecture=spec.architecture,
+        num_layers=spec.num_layers,
+        hidden_size=spec.hidden_size,
+        vocab_size=spec.vocab_size,
+        aux_layer_ids=list(spec.aux_layer_ids),
+        gguf=built if isinstance(built, GgufConversion) else None,
+    )
+    if not isinstance(built, TinyTarget):
+        return record
+    return dataclasses.replace(
+        record,
+        parameters=built.parameters,
+        train_tokens=built.train_tokens,
+        heldout_tokens=built.heldout_tokens,
+        heldout_perplexity=built.heldout_perplexity,
+        heldout_perplexity_untrained=built.heldout_perplexity_untrained,
+        unigram_perplexity=built.unigram_perplexity,
+        perplexity_ratio_vs_unigram=built.perplexity_ratio_vs_unigram,
+        reload_logits_identical=built.reload_logits_identical,
+        build_wall_s=built.build_wall_s,
+        threads=built.threads,
+        cpu_count=built.cpu_count,
+        final_train_loss=built.training.final_train_loss,
+        train_wall_s=built.training.train_wall_s,
+        train_steps=built.training.train_steps,
+    )
 
 
 def resolve_target(cfg: TargetInputs, progress: bool = True) -> tuple[TargetSpec, TargetRecord]:
@@ -106,29 +141,16 @@ def resolve_target(cfg: TargetInputs, progress: bool = True) -> tuple[TargetSpec
             inspect_gguf(cfg.model.gguf, cfg.model.name)  # refused before anything is written
         with atomic_dir(out) as tmp:
             model_dir = tmp / MODEL_SUBDIR
-            metrics = _build(cfg, model_dir, progress)
+            built = _build(cfg, model_dir, progress)
             final_model_dir = out / MODEL_SUBDIR
             spec = describe_target(model_dir, cfg.model)
             spec.path = str(final_model_dir)
             check_target(spec, model_dir)
             atomic_write_json(tmp / TARGET_JSON, spec.to_dict())
-        metrics["built"] = True
-    else:
-        model_dir = locate_real_target(cfg.model)
-        spec = describe_target(model_dir, cfg.model)
-        check_target(spec, model_dir)
-        with atomic_dir(out) as tmp:
-            atomic_write_json(tmp / TARGET_JSON, spec.to_dict())
-        metrics = {"built": False}
-    record = TargetRecord(
-        **{
-            **metrics,
-            "name": spec.name,
-            "architecture": spec.architecture,
-            "num_layers": spec.num_layers,
-            "hidden_size": spec.hidden_size,
-            "vocab_size": spec.vocab_size,
-            "aux_layer_ids": list(spec.aux_layer_ids),
-        }
-    )
-    return spec, record
+        return spec, target_record(spec, built)
+    model_dir = locate_real_target(cfg.model)
+    spec = describe_target(model_dir, cfg.model)
+    check_target(spec, model_dir)
+    with atomic_dir(out) as tmp:
+        atomic_write_json(tmp / TARGET_JSON, spec.to_dict())
+    return spec, target_record(spec, None)

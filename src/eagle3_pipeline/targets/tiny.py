@@ -23,6 +23,7 @@ import os
 import random
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -132,13 +133,41 @@ def _chunks(stream: list[int], seq_len: int) -> Any:
     return torch.tensor(stream[: n * seq_len], dtype=torch.long).view(n, seq_len)
 
 
+@dataclass(frozen=True)
+class TinyTraining:
+    """What :func:`train_model` measured."""
+
+    final_train_loss: float  # at its last training step
+    train_wall_s: float  # the training loop
+    train_steps: int  # target.train_steps
+
+
+@dataclass(frozen=True)
+class TinyTarget:
+    """What building the tiny target measured: the target record's tiny figures
+    (:class:`~eagle3_pipeline.targets.record.TargetRecord`, field by field)."""
+
+    parameters: int  # its parameter count
+    train_tokens: int  # tokens of its training corpus
+    heldout_tokens: int  # tokens of its held-out corpus
+    heldout_perplexity: float  # after training
+    heldout_perplexity_untrained: float  # before training
+    unigram_perplexity: float  # a unigram model's on the same tokens
+    perplexity_ratio_vs_unigram: float  # < 1: it learned the corpus
+    reload_logits_identical: bool  # the saved checkpoint reloads exactly
+    build_wall_s: float  # building it, end to end
+    threads: int  # torch's intra-op threads
+    cpu_count: int | None  # the machine's cores (None: unknown)
+    training: TinyTraining  # its training loop's
+
+
 def train_model(
     model: Any,
     train_ids: list[int],
     settings: TargetStageConfig,
     seed: int,
     progress: bool = True,
-) -> dict[str, float]:
+) -> TinyTraining:
     """Plain next-token training on packed chunks of the rendered corpus."""
     import torch
     from tqdm import tqdm
@@ -177,7 +206,9 @@ def train_model(
         bar.set_postfix(loss=f"{loss_val:.3f}", refresh=False)
     model.eval()
     wall = time.perf_counter() - t0
-    return {"final_train_loss": loss_val, "train_wall_s": wall, "train_steps": settings.train_steps}
+    return TinyTraining(
+        final_train_loss=loss_val, train_wall_s=wall, train_steps=settings.train_steps
+    )
 
 
 def perplexity(model: Any, ids: list[int], seq_len: int) -> float:
@@ -248,8 +279,8 @@ def build_tiny_target(
     out_dir: Path,
     seed: int,
     progress: bool = True,
-) -> dict[str, Any]:
-    """Build, train and save the tiny target into ``out_dir``; return its metrics."""
+) -> TinyTarget:
+    """Build, train and save the tiny target into ``out_dir``; return its figures."""
     import torch
 
     from eagle3_pipeline.core.corpus import builtin_conversations
@@ -289,22 +320,20 @@ def build_tiny_target(
         )
     if not same:
         raise RuntimeError(f"{out_dir}: reloaded target gives different logits")
-    return {
-        "architecture": shape.architecture,
-        "parameters": n_params,
-        "vocab_size": len(tokenizer),
-        "train_tokens": len(train_ids),
-        "heldout_tokens": len(held_ids),
-        "heldout_perplexity": ppl,
-        "heldout_perplexity_untrained": ppl_untrained,
-        "unigram_perplexity": ppl_unigram,
-        "perplexity_ratio_vs_unigram": ppl / ppl_unigram,
-        "reload_logits_identical": same,
-        "build_wall_s": time.perf_counter() - t0,
-        "threads": torch.get_num_threads(),
-        "cpu_count": os.cpu_count(),
-        **stats,
-    }
+    return TinyTarget(
+        parameters=n_params,
+        train_tokens=len(train_ids),
+        heldout_tokens=len(held_ids),
+        heldout_perplexity=ppl,
+        heldout_perplexity_untrained=ppl_untrained,
+        unigram_perplexity=ppl_unigram,
+        perplexity_ratio_vs_unigram=ppl / ppl_unigram,
+        reload_logits_identical=same,
+        build_wall_s=time.perf_counter() - t0,
+        threads=torch.get_num_threads(),
+        cpu_count=os.cpu_count(),
+        training=stats,
+    )
 
 
 def _turn_prefixes(conversations: list[dict[str, Any]]) -> list[dict[str, Any]]:

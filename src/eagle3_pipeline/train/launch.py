@@ -9,13 +9,12 @@ reading and that no process is left holding a GPU.
 from __future__ import annotations
 
 import contextlib
-import json
+import dataclasses
 import logging
 import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from eagle3_pipeline.core.errors import StageError
 from eagle3_pipeline.runtime.gpu import GpuRelease, GpuSnapshot
@@ -23,6 +22,7 @@ from eagle3_pipeline.runtime.processes import group_members, process_group
 from eagle3_pipeline.train.nodes import Node, failure, this_node
 from eagle3_pipeline.train.online import online_server
 from eagle3_pipeline.train.plan import plan_training
+from eagle3_pipeline.train.record import Launcher, TrainRecord
 from eagle3_pipeline.train.run import train
 from eagle3_pipeline.train.view import TrainInputs
 
@@ -32,34 +32,33 @@ WORKER_MODULE = "eagle3_pipeline.train.worker"
 STOP_TIMEOUT_S = 30.0  # torchrun's grace after SIGTERM to stop its workers
 
 
-def run_training(cfg: TrainInputs, preflight_snapshot: GpuSnapshot | None = None) -> dict[str, Any]:
-    """Train (or resume) the draft; the details' content (``paths.details``/train.json,
-    not written here). ``preflight_snapshot``: the preflight stage's GPU reading, compared
-    with NVML's once the workers exited."""
+def run_training(
+    cfg: TrainInputs, preflight_snapshot: GpuSnapshot | None = None
+) -> TrainRecord | None:
+    """Train (or resume) the draft; the details' record (``paths.details``/train.json,
+    not written here), None on a node other than 0. ``preflight_snapshot``: the preflight
+    stage's GPU reading, compared with NVML's once the workers exited."""
     plan = plan_training(cfg)  # every refusal before any process starts
     with contextlib.ExitStack() as stack:
         if plan.online is not None:  # the workers inherit its endpoint
             stack.enter_context(online_server(plan.online))
         if plan.runtime.launched:
             node = this_node(plan.runtime.nodes)
-            metrics = launch_torchrun(cfg, plan.runtime.world_size, plan.runtime.device, node)
-            if not node.main:
-                return {}  # node 0 records the run
+            record = launch_torchrun(cfg, plan.runtime.world_size, plan.runtime.device, node)
         else:
-            metrics = train(cfg)
-    metrics["hidden_states"] = "online" if plan.online is not None else "offline"
+            record = train(cfg)
+    if record is None:
+        return None  # node 0 records the run
     if plan.runtime.device == "cuda":
         reading = gpu_reading(preflight_snapshot)
     else:
         reading = GpuRelease(mode="not applicable", reason="trained on CPU")
-    metrics["gpu"] = reading
-    metrics["gpu_released"] = reading.clean
     if reading.clean is False:
         # this stage's own check: validate never reads this volatile reading
         log.warning("GPU memory NOT released after training: %s", "; ".join(reading.problems))
     elif reading.clean:
         log.info("GPU memory released after training, no pipeline process left")
-    return metrics
+    return dataclasses.replace(record, gpu=reading, gpu_released=reading.clean)
 
 
 def _worker_env(device: str, nproc: int) -> dict[str, str]:
@@ -72,9 +71,9 @@ def _worker_env(device: str, nproc: int) -> dict[str, str]:
 
 def launch_torchrun(
     cfg: TrainInputs, nproc: int, device: str = "cuda", node: Node | None = None
-) -> dict[str, Any]:
-    """Run this node's workers under torchrun and return rank 0's metrics (+ ``launcher``;
-    ``{}`` on a node other than 0, whose workers hold no rank 0).
+) -> TrainRecord | None:
+    """Run this node's workers under torchrun and return rank 0's record with its
+    ``launcher`` (None on a node other than 0, whose workers hold no rank 0).
 
     The workers get the stage's input view as a YAML file (:meth:`Inputs.dump`). torchrun runs in its own
     process group (:mod:`eagle3_pipeline.runtime.processes`) so that, on error or Ctrl-C, the
@@ -86,7 +85,7 @@ def launch_torchrun(
     with tempfile.TemporaryDirectory(prefix="eagle3-train-") as tmp:
         params = Path(tmp) / "params.yaml"
         cfg.dump(params)
-        out = Path(tmp) / "metrics.json"
+        out = Path(tmp) / "train.json"
         cmd = [
             sys.executable,
             "-m",
@@ -116,17 +115,17 @@ def launch_torchrun(
         if rc != 0:
             raise StageError(failure(node, rc, tail.decode("utf-8", errors="replace")))
         if not node.main:
-            return {}
-        metrics = json.loads(out.read_text(encoding="utf-8"))
+            return None
+        record = TrainRecord.read(out)  # rank 0's, type-checked as any record read back
         rdzv = " ".join(node.torchrun_args())
-        metrics["launcher"] = {
-            "command": f"torchrun {rdzv} --nproc_per_node={nproc} -m {WORKER_MODULE}",
-            "nproc": nproc,
-            "nodes": node.nodes,
-            "process_group": proc.pid,
-            "survivors": len(survivors),
-        }
-        return metrics
+        launcher = Launcher(
+            command=f"torchrun {rdzv} --nproc_per_node={nproc} -m {WORKER_MODULE}",
+            nproc=nproc,
+            nodes=node.nodes,
+            process_group=proc.pid,
+            survivors=len(survivors),
+        )
+        return dataclasses.replace(record, launcher=launcher)
 
 
 def gpu_reading(before: GpuSnapshot | None) -> GpuRelease:

@@ -43,6 +43,7 @@ from eagle3_pipeline.train.metrics import accumulate, summarize
 from eagle3_pipeline.train.optim import build_optimizer
 from eagle3_pipeline.train.plan import TrainPlan
 from eagle3_pipeline.train.prefetch import prefetch
+from eagle3_pipeline.train.record import EpochSharding
 from eagle3_pipeline.train.runtime import cuda_attention, cuda_loss
 from eagle3_pipeline.train.state import load_state, save_state
 from eagle3_pipeline.train.view import TrainInputs
@@ -107,7 +108,7 @@ class DraftTrainer:
         self.val_loss_untrained: float | None = None
         self.val_untrained: dict[str, Any] | None = None
         self.last_val: dict[str, Any] | None = None
-        self.sharding: list[dict[str, Any]] = []  # per epoch: which rank trained on which rows
+        self.sharding: list[EpochSharding] = []  # per epoch: which rank trained on which rows
         self.fail_after = fault_after(FAULT_NAME)
         self._kwargs: dict[str, Any] | None = None
         # steps whose figures are still on the device: (global step, epoch, train_step's out)
@@ -274,13 +275,13 @@ class DraftTrainer:
         total = all_reduce_ints(counts + per_rank, self.d)
         counts, per_rank = total[:n], total[n:]
         self.sharding.append(
-            {
-                "epoch": epoch,
-                "rows_per_rank": per_rank,
-                "rows_seen": sum(1 for c in counts if c),
-                "rows_on_several_ranks": sum(1 for c in counts if c > 1),
-                "train_rows": n,
-            }
+            EpochSharding(
+                epoch=epoch,
+                rows_per_rank=per_rank,
+                rows_seen=sum(1 for c in counts if c),
+                rows_on_several_ranks=sum(1 for c in counts if c > 1),
+                train_rows=n,
+            )
         )
 
     # -- the run

@@ -1,5 +1,5 @@
 """Numbers of a run: per-step sums into loss and accuracies (the run's details are
-assembled by :func:`eagle3_pipeline.train.run.run_metrics`).
+built by :func:`eagle3_pipeline.train.run.run_record`).
 
 speculators' forward returns ``*_sum`` / ``*_total`` counts rather than means, so that
 packs of different sizes and several ranks add up exactly: they are summed over batches

@@ -1,20 +1,21 @@
 """``metrics/details/train.json``: every figure of one training run.
 
-Rank 0 computes most of it (:func:`eagle3_pipeline.train.run.run_metrics`); the
-stage adds how the workers were launched and NVML's reading once they exited. The plan
+Rank 0 builds it (:func:`eagle3_pipeline.train.run.run_record`); the stage completes
+it with how the workers were launched and NVML's reading once they exited. The plan
 reads the measured ``tokens_per_s`` back; the headline field goes to dvclive's summary
 (:func:`eagle3_pipeline.train.live.write_summary`), next to dvclive's own step and val loss.
 
-Only ``core`` is imported here: the plan (run by preflight) reads this record without
-running the training code.
+No training code is imported here (``core``, the GPU reading's record and the draft's
+shape, which imports neither torch nor speculators): the plan (run by preflight) reads
+this record without running the training code.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from eagle3_pipeline.core.records import Record, headline, optional
+from eagle3_pipeline.draft.shape import DraftShape
 from eagle3_pipeline.runtime.gpu import GpuRelease
 
 
@@ -52,6 +53,17 @@ class Launcher:
     survivors: int  # its processes still alive once torchrun returned (killed then)
 
 
+@dataclass(frozen=True)
+class EpochSharding:
+    """One epoch's data parallelism: the rows each rank trained on, summed over ranks."""
+
+    epoch: int  # 0-based
+    rows_per_rank: list[int]  # rows each rank trained on, by rank
+    rows_seen: int  # distinct rows some rank trained on
+    rows_on_several_ranks: int  # rows more than one rank trained on (0: the data is sharded)
+    train_rows: int  # rows of the training split
+
+
 @dataclass(kw_only=True)
 class TrainRecord(Record):
     STAGE = "train"
@@ -82,10 +94,10 @@ class TrainRecord(Record):
     parallel: str  # ddp, fsdp or none (one process)
     parallel_reason: str  # why that parallel mode
     distributed_backend: str | None  # nccl or gloo, None in one process
-    data_parallel: list[dict[str, Any]]  # per epoch: which rank trained on which rows
+    data_parallel: list[EpochSharding]  # per epoch: which rank trained on which rows
     hardware: str  # the hardware profile's name: the plan trusts only its own profile's rate
     target: str  # the target's name (model.name): the plan trusts only its own target's rate
-    draft_shape: dict[str, Any]  # the draft's layers, heads, sizes
+    draft_shape: DraftShape  # the draft's layers, heads, sizes (and an MLA layer's latents)
     draft_vocab_size: int  # train.draft_vocab_size
     recipe: TrainRecipe  # optimizer, learning rates, scheduler, norms, loss decay
     required_tokens: dict[str, int]  # special tokens the draft vocabulary must keep
@@ -95,7 +107,7 @@ class TrainRecord(Record):
     train_rows: int  # rows trained on
     val_rows: int  # rows held out for val_loss
     init_from: InitFrom | None = optional()  # the warm start's source (None: fresh weights)
-    # added by the stage
+    # added by the stage (hidden_states: by rank 0): how torchrun ran, NVML once it ended
     launcher: Launcher | None = optional()  # torchrun's (None: trained in the stage's process)
     hidden_states: str  # offline (files) or online (a vLLM server during training)
     gpu: GpuRelease  # NVML after the workers exited, vs preflight's snapshot

@@ -6,7 +6,8 @@ import resource
 import time
 from typing import Any
 
-from eagle3_pipeline.core.config import eagle3_options
+from eagle3_pipeline.core.config import norm_before_fc_on
+from eagle3_pipeline.runtime.gpu import GpuRelease
 from eagle3_pipeline.train.distributed import (
     close_distributed,
     dist_backend,
@@ -15,15 +16,19 @@ from eagle3_pipeline.train.distributed import (
 )
 from eagle3_pipeline.train.loop import DraftTrainer
 from eagle3_pipeline.train.plan import plan_training
+from eagle3_pipeline.train.record import InitFrom, TrainRecipe, TrainRecord
 from eagle3_pipeline.train.save import save_draft
 from eagle3_pipeline.train.state import full_state_dict
 from eagle3_pipeline.train.view import TrainInputs
 
+# ``gpu`` in the record the workers return: the stage replaces it with NVML's reading
+NOT_READ_BY_WORKERS = "not read yet: the train stage reads NVML once its workers exited"
 
-def train(cfg: TrainInputs, progress: bool = True) -> dict[str, Any]:
+
+def train(cfg: TrainInputs, progress: bool = True) -> TrainRecord | None:
     """Train (or resume) the draft; on rank 0 write data/draft and the curves (dvclive).
 
-    Returns the metrics dict (rank 0) or ``{}`` on other ranks.
+    Returns the run's record as rank 0 sees it (:func:`run_record`), None on other ranks.
     """
     t_start = time.perf_counter()
     plan = plan_training(cfg)
@@ -34,13 +39,13 @@ def train(cfg: TrainInputs, progress: bool = True) -> dict[str, Any]:
         # under FSDP a gather (every rank), rank 0 saves; else the model's own state dict
         full = full_state_dict(trainer.model, "fsdp") if trainer.parallel == "fsdp" else None
         if not d.main:
-            return {}
+            return None
         config = save_draft(
             trainer.model, plan.paths.draft, cfg.train.speculative_tokens, state_dict=full
         )
         if trainer.curves is not None:
             trainer.curves.finish(trainer.history, trainer.k)
-        return run_metrics(cfg, trainer, result, config, time.perf_counter() - t_start)
+        return run_record(cfg, trainer, result, config, time.perf_counter() - t_start)
     finally:
         close_distributed(d)
 
@@ -58,70 +63,80 @@ def _rate(amount: float, seconds: float) -> float:
     return amount / seconds if seconds else 0
 
 
-def run_metrics(
+def run_record(
     cfg: TrainInputs,
     trainer: DraftTrainer,
     result: dict[str, Any],
     draft_config: dict[str, Any],
     wall_s: float,
-) -> dict[str, Any]:
-    """The details (``paths.details``/train.json) as rank 0 sees them (the stage adds the
-    launcher and GPU reading).
+) -> TrainRecord:
+    """The details (``paths.details``/train.json) as rank 0 sees them, field by field.
 
+    The stage completes it (:func:`eagle3_pipeline.train.launch.run_training`): torchrun's
+    ``launcher`` and NVML's reading once the workers exited, which no worker can take
+    (``gpu`` says so until then, ``gpu_released`` is None).
     ``result``: :meth:`DraftTrainer.run`'s; ``draft_config``: the saved draft's config."""
     plan, d = trainer.plan, trainer.d
     val = result["val"]
+    loss = float(val["loss"])
     untrained = trainer.val_loss_untrained
-    return {
-        "val_loss": val["loss"],
-        "val_loss_untrained": untrained,
-        "val_loss_ratio": val["loss"] / untrained if untrained else None,
-        "val_accuracy_per_position": val["accuracy_per_position"],
-        "val_conditional_accuracy_per_position": val["conditional_accuracy_per_position"],
-        "val_untrained_accuracy_per_position": (trainer.val_untrained or {}).get(
-            "accuracy_per_position"
+    untrained_acc = (trainer.val_untrained or {}).get("accuracy_per_position")
+    aux = draft_config.get("eagle_aux_hidden_state_layer_ids")
+    return TrainRecord(
+        val_loss=loss,
+        val_loss_untrained=untrained,
+        val_loss_ratio=loss / untrained if untrained else None,
+        val_accuracy_per_position=[float(a) for a in val["accuracy_per_position"]],
+        val_conditional_accuracy_per_position=[
+            float(a) for a in val["conditional_accuracy_per_position"]
+        ],
+        val_untrained_accuracy_per_position=(
+            [float(a) for a in untrained_acc] if untrained_acc is not None else None
         ),
-        "steps": trainer.global_step,
-        "total_steps": trainer.total_steps,
-        "steps_this_run": result["steps_this_run"],
-        "resumed": result["steps_this_run"] < trainer.global_step,
-        "steps_per_s": _rate(result["steps_this_run"], result["train_s"]),
-        "tokens_per_s": _rate(result["tokens_this_run"], result["train_s"]),
-        "wall_s": wall_s,
-        "peak_memory_mib": peak_memory_mib(plan.runtime.device),
-        "device": plan.runtime.device,
-        "dtype": plan.runtime.dtype,
-        "attn_implementation": trainer.attn,
-        "loss_implementation": trainer.loss_impl,
-        "world_size": d.world,
-        "parallel": trainer.parallel,
-        "parallel_reason": plan.parallel_reason if d.world > 1 else "one process",
-        "distributed_backend": dist_backend(plan.runtime.device) if d.world > 1 else None,
-        "data_parallel": trainer.sharding,
-        "hardware": cfg.hardware.name,
-        "target": cfg.model.name,
-        "draft_shape": plan.shape.to_dict(),
-        "draft_vocab_size": cfg.train.draft_vocab_size,
-        "recipe": {
-            "optimizer": str(cfg.train.optimizer),
-            "lr": cfg.train.lr,
-            "muon_lr": cfg.train.muon_lr,
-            "scheduler": str(cfg.train.scheduler),
-            **eagle3_options(cfg.train.draft),
-            "ttt_step_loss_decay": cfg.train.ttt_step_loss_decay,
-        },
-        "required_tokens": plan.required_tokens,
-        "aux_layer_ids": draft_config.get("eagle_aux_hidden_state_layer_ids"),
-        "trainable_parameters": sum(
-            p.numel() for p in trainer.model.parameters() if p.requires_grad
+        steps=trainer.global_step,
+        total_steps=trainer.total_steps,
+        steps_this_run=int(result["steps_this_run"]),
+        resumed=result["steps_this_run"] < trainer.global_step,
+        steps_per_s=_rate(result["steps_this_run"], result["train_s"]),
+        tokens_per_s=_rate(result["tokens_this_run"], result["train_s"]),
+        wall_s=wall_s,
+        peak_memory_mib=peak_memory_mib(plan.runtime.device),
+        device=plan.runtime.device,
+        dtype=plan.runtime.dtype,
+        attn_implementation=trainer.attn,
+        loss_implementation=trainer.loss_impl,
+        world_size=d.world,
+        parallel=trainer.parallel,
+        parallel_reason=plan.parallel_reason if d.world > 1 else "one process",
+        distributed_backend=dist_backend(plan.runtime.device) if d.world > 1 else None,
+        data_parallel=list(trainer.sharding),
+        hardware=cfg.hardware.name,
+        target=cfg.model.name,
+        draft_shape=plan.shape,
+        draft_vocab_size=cfg.train.draft_vocab_size,
+        recipe=TrainRecipe(
+            optimizer=str(cfg.train.optimizer),
+            lr=cfg.train.lr,
+            muon_lr=cfg.train.muon_lr,
+            scheduler=str(cfg.train.scheduler),
+            norm_before_fc=norm_before_fc_on(cfg.train.draft),
+            fc_norm=cfg.train.draft.fc_norm,
+            norm_output=cfg.train.draft.norm_output,
+            ttt_step_loss_decay=cfg.train.ttt_step_loss_decay,
         ),
+        required_tokens=dict(plan.required_tokens),
+        aux_layer_ids=[int(i) for i in aux] if aux is not None else None,
+        trainable_parameters=sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
         # share of the parameters rank 0 holds: 1 unsharded, ~1/world under FSDP
-        "local_parameter_fraction": local_fraction(trainer.model),
-        "init_from": (
-            {"path": str(plan.init.path), "format": plan.init.format, "sha256": plan.init.sha256}
+        local_parameter_fraction=local_fraction(trainer.model),
+        train_rows=len(trainer.train_ds),
+        val_rows=len(trainer.val_ds),
+        init_from=(
+            InitFrom(path=str(plan.init.path), format=plan.init.format, sha256=plan.init.sha256)
             if plan.init is not None
             else None
         ),
-        "train_rows": len(trainer.train_ds),
-        "val_rows": len(trainer.val_ds),
-    }
+        hidden_states="online" if plan.online is not None else "offline",
+        gpu=GpuRelease(mode="not applicable", reason=NOT_READ_BY_WORKERS),
+        gpu_released=None,
+    )

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from eagle3_pipeline.core.io import atomic_write_bytes, atomic_write_json
 from eagle3_pipeline.train.live import History
+from eagle3_pipeline.train.record import EpochSharding
 
 if TYPE_CHECKING:
     from eagle3_pipeline.train.distributed import Dist
@@ -49,7 +50,7 @@ class Resumable(Protocol):
     global_step: int
     total_steps: int
     history: History
-    sharding: list[dict[str, Any]]
+    sharding: list[EpochSharding]
     val_untrained: dict[str, Any] | None
     val_loss_untrained: float | None
 
@@ -115,7 +116,8 @@ def save_state(tr: Resumable, epoch: int, step_in_epoch: int, finished: bool = F
             "python": random.getstate(),
         },
         "history": asdict(tr.history),
-        "sharding": tr.sharding,
+        # plain dicts: a state stays loadable whatever becomes of the record's class
+        "sharding": [asdict(s) for s in tr.sharding],
         "val_untrained": tr.val_untrained,
     }
     buf = io.BytesIO()
@@ -186,7 +188,7 @@ def load_state(tr: Resumable) -> tuple[int, int] | None:
     random.setstate(state["rng"]["python"])
     tr.global_step = int(state["global_step"])
     tr.history = History(**state["history"])
-    tr.sharding = list(state.get("sharding", []))
+    tr.sharding = [EpochSharding(**s) for s in state.get("sharding", [])]
     tr.val_untrained = state.get("val_untrained")
     tr.val_loss_untrained = (tr.val_untrained or {}).get("loss")
     log.info(

@@ -1,9 +1,10 @@
 """The torchrun worker: ``torchrun -m eagle3_pipeline.train.worker --params FILE --out F``.
 
 The train stage starts it (:mod:`eagle3_pipeline.train.launch`) with its input view
-(:class:`~eagle3_pipeline.train.view.TrainInputs`) written to the params file. Rank 0 writes the metrics it computed to ``--out``; the stage
-adds the NVML reading taken after all workers exited and writes the stage's details
-(``paths.details``/train.json).
+(:class:`~eagle3_pipeline.train.view.TrainInputs`) written to the params file. Rank 0 writes
+the run's record as it sees it (:class:`~eagle3_pipeline.train.record.TrainRecord`) to
+``--out``; the stage reads it back, adds how torchrun ran and the NVML reading taken after
+all workers exited, and writes the stage's details (``paths.details``/train.json).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import sys
 from pathlib import Path
 
 from eagle3_pipeline.core.errors import ConfigError, StageError
-from eagle3_pipeline.core.io import atomic_write_json
 from eagle3_pipeline.core.logs import setup_logging
 from eagle3_pipeline.runtime.processes import die_with_parent
 from eagle3_pipeline.train.run import train
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
     from torch.distributed import DistError
 
     try:
-        metrics = train(cfg)
+        record = train(cfg)
     except (ConfigError, StageError, FileNotFoundError) as exc:
         print(f"error: train: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
@@ -42,8 +42,8 @@ def main(argv: list[str] | None = None) -> None:
         rank = os.environ.get("RANK", "?")
         print(f"error: train: rank {rank} lost contact with another rank: {first}", file=sys.stderr)
         raise SystemExit(1) from None
-    if metrics:
-        atomic_write_json(args.out, metrics)
+    if record is not None:
+        record.write(args.out)
 
 
 if __name__ == "__main__":
