@@ -178,6 +178,21 @@ def _nested_dataclasses(cls: type) -> set[type]:
     return seen
 
 
+def test_no_record_field_is_untyped() -> None:
+    """Records all the way down: no field of a record, or of anything it holds, is ``Any``
+    (a ``dict[str, Any]`` would let a reader index a key no writer declared)."""
+    import typing
+
+    classes = set(RECORDS).union(*(_nested_dataclasses(cls) for cls in RECORDS))
+    untyped = [
+        f"{cls.__qualname__}.{name}: {hint}"
+        for cls in classes
+        for name, hint in typing.get_type_hints(cls).items()
+        if "Any" in str(hint) or "object" in str(hint)
+    ]
+    assert not untyped, untyped
+
+
 def test_every_nested_field_is_declared_with_its_comment() -> None:
     """The records' nested parts (the GPU snapshot, vLLM's figures, ...) are schema too:
     each field says what it is."""
