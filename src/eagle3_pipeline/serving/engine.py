@@ -146,7 +146,7 @@ class Engine:
             ("--compilation-config", self.compilation_config),
         ):
             if value is not None:
-                cmd += [flag, json.dumps(plain(value), separators=(",", ":"))]
+                cmd += [flag, vllm_json(value)]
         if self.attention_backend:
             cmd += ["--attention-backend", self.attention_backend]
         if self.enable_prefix_caching is False:
@@ -193,6 +193,11 @@ class Engine:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
         cmd = " ".join(shlex.quote(a) for a in self.serve_argv(port, executable))
         return f"{env} {cmd}" if env else cmd
+
+
+def vllm_json(config: SpeculativeConfig | KvTransferConfig | CompilationConfig) -> str:
+    """One of vLLM's JSON arguments as its command line takes it (unset keys left out)."""
+    return json.dumps(plain(config), separators=(",", ":"))
 
 
 def _compilation(config: dict[str, list[str]] | None) -> CompilationConfig | None:

@@ -8,7 +8,6 @@ command printed with the report does not depend on it.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -161,9 +160,9 @@ def _check_verifier_id(report: Report, name: str | None, hub_id: str | None) -> 
 def serve_command(target: str, draft_dir: str, k: int) -> str:
     """The ``vllm serve`` line that loads this draft without relying on name_or_path (the
     validate stage's engines add dtype, parallel sizes and workarounds to it)."""
-    from eagle3_pipeline.serving.engine import eagle3_config
+    from eagle3_pipeline.serving.engine import eagle3_config, vllm_json
 
-    spec = json.dumps(eagle3_config(Path(draft_dir).resolve(), k), separators=(",", ":"))
+    spec = vllm_json(eagle3_config(Path(draft_dir).resolve(), k))
     return portable(f"vllm serve {target} --speculative-config '{spec}'")
 
 
