@@ -231,7 +231,7 @@ def test_a_vllm_that_cannot_start_says_why_in_one_line(validate_workdir, tmp_pat
         ):
             run_served(
                 python,
-                bad.__class__(**{**bad.to_dict(), "extra_args": []}),
+                dataclasses.replace(bad, extra_args=[]),
                 port,
                 prompts,
                 4,
