@@ -18,17 +18,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from commands import dvc
 from safetensors.torch import save_file
 
 from eagle3_pipeline.core.config import Config
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _dvc(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "dvc", *args], cwd=cwd, check=True, capture_output=True, text=True
-    )
 
 
 def _md5(path: Path) -> str:
@@ -63,13 +58,13 @@ def test_a_damaged_hardlinked_output_takes_its_cache_object_with_it(tmp_path: Pa
     from eagle3_pipeline.runtime.dvc_cache import release_damaged
 
     subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
-    _dvc(tmp_path, "init", "-q")
-    _dvc(tmp_path, "config", "cache.type", "hardlink")
+    dvc(tmp_path, "init", "-q")
+    dvc(tmp_path, "config", "cache.type", "hardlink")
     out = tmp_path / "hs"
     out.mkdir()
     _hs_file(out / "hs_0.safetensors")
     good = (out / "hs_0.safetensors").read_bytes()
-    _dvc(tmp_path, "add", "hs")
+    dvc(tmp_path, "add", "hs")
     f = out / "hs_0.safetensors"
     assert f.stat().st_nlink == 2
     os.chmod(f, 0o644)
@@ -77,10 +72,10 @@ def test_a_damaged_hardlinked_output_takes_its_cache_object_with_it(tmp_path: Pa
     removed = release_damaged(f, tmp_path)
     assert len(removed) == 1 and not removed[0].exists() and not f.exists()
     f.write_bytes(good)  # the stage redoes it
-    _dvc(tmp_path, "add", "hs")
-    _dvc(tmp_path, "checkout", "--relink", "hs")
+    dvc(tmp_path, "add", "hs")
+    dvc(tmp_path, "checkout", "--relink", "hs")
     assert f.read_bytes() == good  # not re-linked to a damaged object
-    assert "up to date" in _dvc(tmp_path, "status").stdout.lower()
+    assert "up to date" in dvc(tmp_path, "status").stdout.lower()
 
 
 def test_a_whole_copied_output_shares_nothing(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import yaml
+from commands import command_env, dvc, run_ok
 
 REPO = Path(__file__).resolve().parents[2]
 STAGES = ["preflight", "target", "prepare", "extract", "train", "validate"]
@@ -46,35 +47,9 @@ NO_VLLM = ("-S", "validate.vllm=false")
 pytestmark = pytest.mark.slow
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    env.setdefault("GIT_AUTHOR_NAME", "test")
-    env.setdefault("GIT_AUTHOR_EMAIL", "test@example.invalid")
-    env.setdefault("GIT_COMMITTER_NAME", "test")
-    env.setdefault("GIT_COMMITTER_EMAIL", "test@example.invalid")
-    return env
-
-
-def _run(cwd: Path, *cmd: str, timeout: int = 1500) -> subprocess.CompletedProcess:
-    proc = subprocess.run(
-        list(cmd), cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout
-    )
-    if proc.returncode != 0:
-        raise AssertionError(
-            f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n"
-            f"{proc.stderr[-4000:]}"
-        )
-    return proc
-
-
-def _dvc(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return _run(cwd, sys.executable, "-m", "dvc", *args)
-
-
 def _plan(cwd: Path, out: Path) -> dict:
     """`eagle3-plan` on the clone's params.yaml: its plan.json."""
-    _run(
+    run_ok(
         cwd,
         sys.executable,
         "-m",
@@ -126,15 +101,15 @@ def repo_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     data = yaml.safe_load(conf.read_text())
     _merge(data, REDUCED)
     conf.write_text(yaml.safe_dump(data, sort_keys=False))
-    _run(dst, sys.executable, "-m", "eagle3_pipeline.tools.compose")
-    _run(dst, "git", "init", "-q")
-    _run(dst, "git", "add", "-A")
-    _run(dst, "git", "commit", "-qm", "reduced config")
+    run_ok(dst, sys.executable, "-m", "eagle3_pipeline.tools.compose")
+    run_ok(dst, "git", "init", "-q")
+    run_ok(dst, "git", "add", "-A")
+    run_ok(dst, "git", "commit", "-qm", "reduced config")
     return dst
 
 
 def test_repro_end_to_end_then_cached_then_train_only_change(repo_copy: Path):
-    first = _dvc(repo_copy, "repro")
+    first = dvc(repo_copy, "repro")
     for stage in STAGES:
         assert f"Running stage '{stage}'" in first.stdout, first.stdout[-3000:]
     lock1 = _lock(repo_copy)
@@ -145,10 +120,10 @@ def test_repro_end_to_end_then_cached_then_train_only_change(repo_copy: Path):
     headline |= {stage: f"dvclive/{stage}/metrics.json" for stage in STAGES[4:]}
     for stage in STAGES:
         assert (repo_copy / "metrics/details" / f"{stage}.json").is_file(), stage
-    shown = json.loads(_dvc(repo_copy, "metrics", "show", "--json").stdout)
+    shown = json.loads(dvc(repo_copy, "metrics", "show", "--json").stdout)
     files = next(iter(shown.values()))["data"]
     assert set(files) == set(headline.values()), sorted(files)
-    table = _dvc(repo_copy, "metrics", "show").stdout.splitlines()
+    table = dvc(repo_copy, "metrics", "show").stdout.splitlines()
     assert max(map(len, table)) <= 130, "\n".join(table)  # a terminal line, or close to it
     validate = json.loads((repo_copy / "metrics/details/validate.json").read_text())
     # what travels to other clones (the report, the model card, the details) names the
@@ -188,7 +163,7 @@ def test_repro_end_to_end_then_cached_then_train_only_change(repo_copy: Path):
     assert abs(estimate - written) <= 0.10 * written, (estimate, written)
 
     # a second repro: preflight runs again (volatile GPU state), nothing downstream does
-    second = _dvc(repo_copy, "repro")
+    second = dvc(repo_copy, "repro")
     assert "Running stage 'preflight'" in second.stdout
     lock2 = _lock(repo_copy)
     assert _changed(lock1, lock2) <= {"preflight"}
@@ -197,9 +172,9 @@ def test_repro_end_to_end_then_cached_then_train_only_change(repo_copy: Path):
         assert lock2[stage] == lock1[stage], stage
 
     # a train-only param: only train and validate (and the always-run preflight) change
-    _run(repo_copy, "git", "add", "-A")
-    _run(repo_copy, "git", "commit", "-qm", "first run")
-    _dvc(repo_copy, "exp", "run", "-S", "train.lr=0.002", *NO_VLLM)
+    run_ok(repo_copy, "git", "add", "-A")
+    run_ok(repo_copy, "git", "commit", "-qm", "first run")
+    dvc(repo_copy, "exp", "run", "-S", "train.lr=0.002", *NO_VLLM)
     lock3 = _lock(repo_copy)
     changed = _changed(lock2, lock3) - {"preflight"}
     assert changed == {"train", "validate"}, changed
@@ -209,10 +184,10 @@ def test_repro_end_to_end_then_cached_then_train_only_change(repo_copy: Path):
     # byte-identical, and extraction only computes the new rows
     heldout = (repo_copy / "data/heldout/prompts.jsonl").read_bytes()
     rows_before = json.loads((repo_copy / "metrics/details/prepare.json").read_text())["rows"]
-    _run(repo_copy, "git", "add", "-A")
-    _run(repo_copy, "git", "commit", "-qm", "lr run")
+    run_ok(repo_copy, "git", "add", "-A")
+    run_ok(repo_copy, "git", "commit", "-qm", "lr run")
     samples = REDUCED["train"]["samples"] + 6
-    _dvc(repo_copy, "exp", "run", "-S", f"train.samples={samples}", *NO_VLLM)
+    dvc(repo_copy, "exp", "run", "-S", f"train.samples={samples}", *NO_VLLM)
     lock4 = _lock(repo_copy)
     assert _changed(lock3, lock4) - {"preflight"} == {"prepare", "extract", "train", "validate"}
     assert (repo_copy / "data/heldout/prompts.jsonl").read_bytes() == heldout
@@ -224,12 +199,12 @@ def test_repro_end_to_end_then_cached_then_train_only_change(repo_copy: Path):
     lock3 = lock4
 
     # the experiments side by side: DVC's plots diff (offline page) and eagle3-compare
-    baseline = _run(repo_copy, "git", "rev-parse", "HEAD~1").stdout.strip()
-    _dvc(repo_copy, "plots", "diff", baseline, "workspace", "-o", "plots_diff")
+    baseline = run_ok(repo_copy, "git", "rev-parse", "HEAD~1").stdout.strip()
+    dvc(repo_copy, "plots", "diff", baseline, "workspace", "-o", "plots_diff")
     page = (repo_copy / "plots_diff/index.html").read_text()
     assert "cdn.jsdelivr.net" not in page and "vega-embed 6.29.0" in page
     assert baseline[:7] in page and "workspace" in page and "train_loss_tsv" in page
-    compare = _run(
+    compare = run_ok(
         repo_copy,
         sys.executable,
         "-m",
@@ -252,7 +227,7 @@ def test_repro_end_to_end_then_cached_then_train_only_change(repo_copy: Path):
     bad = subprocess.run(
         [sys.executable, "-m", "dvc", "exp", "run", "-S", "train.sampels=5"],
         cwd=repo_copy,
-        env=_env(),
+        env=command_env(),
         capture_output=True,
         text=True,
         timeout=600,
@@ -262,9 +237,9 @@ def test_repro_end_to_end_then_cached_then_train_only_change(repo_copy: Path):
 
     # online hidden states: extract reruns (a manifest, no forward), then train (its
     # input changed) and validate; target and prepare do not. Nothing is stored.
-    _run(repo_copy, "git", "add", "-A")
-    _run(repo_copy, "git", "commit", "-qm", "samples run")
-    online = _dvc(
+    run_ok(repo_copy, "git", "add", "-A")
+    run_ok(repo_copy, "git", "commit", "-qm", "samples run")
+    online = dvc(
         repo_copy,
         "exp",
         "run",
@@ -287,9 +262,9 @@ def test_repro_end_to_end_then_cached_then_train_only_change(repo_copy: Path):
 
 
 def test_tiny_llama_runs_the_whole_graph(repo_copy: Path):
-    _run(repo_copy, "git", "add", "-A")
-    _run(repo_copy, "git", "commit", "-qm", "before llama", "--allow-empty")
-    out = _dvc(repo_copy, "exp", "run", "-S", "model=tiny_llama")
+    run_ok(repo_copy, "git", "add", "-A")
+    run_ok(repo_copy, "git", "commit", "-qm", "before llama", "--allow-empty")
+    out = dvc(repo_copy, "exp", "run", "-S", "model=tiny_llama")
     lock = _lock(repo_copy)
     for stage in STAGES[1:]:
         assert f"Running stage '{stage}'" in out.stdout, stage
@@ -311,7 +286,7 @@ def test_tiny_llama_runs_the_whole_graph(repo_copy: Path):
 
 def _status(cwd: Path) -> dict:
     """``dvc status`` less preflight, which is always changed by design."""
-    out = json.loads(_dvc(cwd, "status", "--json").stdout or "{}")
+    out = json.loads(dvc(cwd, "status", "--json").stdout or "{}")
     out.pop("preflight", None)
     return out
 
@@ -326,9 +301,9 @@ def test_a_damaged_hidden_state_file_is_refused_restored_and_repaired(repo_copy:
 
     # an offline run in the workspace (a no-op after the tests above; alone, after the
     # online experiment, it extracts again): hidden-state files to damage
-    _run(repo_copy, "git", "add", "-A")
-    _run(repo_copy, "git", "commit", "-qm", "before damage", "--allow-empty")
-    _dvc(repo_copy, "exp", "run", "-S", "extract.mode=offline", *NO_VLLM)
+    run_ok(repo_copy, "git", "add", "-A")
+    run_ok(repo_copy, "git", "commit", "-qm", "before damage", "--allow-empty")
+    dvc(repo_copy, "exp", "run", "-S", "extract.mode=offline", *NO_VLLM)
     hs = repo_copy / "data/hidden_states/hs_1.safetensors"
     kept = {
         p: (repo_copy / p).read_bytes()
@@ -351,7 +326,7 @@ def test_a_damaged_hidden_state_file_is_refused_restored_and_repaired(repo_copy:
     proc = subprocess.run(
         [sys.executable, "-m", "dvc", "repro", "-s", "train"],
         cwd=repo_copy,
-        env=_env(),
+        env=command_env(),
         capture_output=True,
         text=True,
         timeout=600,
@@ -362,23 +337,23 @@ def test_a_damaged_hidden_state_file_is_refused_restored_and_repaired(repo_copy:
     assert "Traceback" not in proc.stderr
     for rel in ("metrics/details/train.json", "dvclive/train/metrics.json"):
         assert (repo_copy / rel).read_bytes() == kept[rel], rel
-    _dvc(repo_copy, "checkout", "train")
+    dvc(repo_copy, "checkout", "train")
     assert (repo_copy / "data/draft/model.safetensors").read_bytes() == kept[
         "data/draft/model.safetensors"
     ]
 
-    out = _dvc(repo_copy, "repro").stdout
+    out = dvc(repo_copy, "repro").stdout
     assert "Running stage 'extract'" in out and "Running stage 'train'" not in out
     assert loads() and _status(repo_copy) == {}
 
-    _dvc(repo_copy, "config", "--local", "cache.type", "hardlink")
-    _dvc(repo_copy, "checkout", "--relink")
+    dvc(repo_copy, "config", "--local", "cache.type", "hardlink")
+    dvc(repo_copy, "checkout", "--relink")
     assert hs.stat().st_nlink >= 2  # the workspace file is the cache object
     damage()
-    out = _dvc(repo_copy, "repro").stdout
+    out = dvc(repo_copy, "repro").stdout
     assert "Running stage 'train'" not in out
     assert loads() and _status(repo_copy) == {}
-    _dvc(repo_copy, "config", "--local", "--unset", "cache.type")
+    dvc(repo_copy, "config", "--local", "--unset", "cache.type")
 
 
 def test_a_second_clone_pulls_the_artifacts_and_reruns_nothing(
@@ -391,11 +366,11 @@ def test_a_second_clone_pulls_the_artifacts_and_reruns_nothing(
     B, `dvc repro` runs preflight only (it always runs: GPUs are checked every time), and a
     train-only change reruns train and validate."""
     remote = tmp_path / "remote"
-    _dvc(repo_copy, "repro")  # whatever the experiments above left in the workspace
-    _dvc(repo_copy, "remote", "add", "-d", "store", str(remote))
-    _run(repo_copy, "git", "add", "-A")
-    _run(repo_copy, "git", "commit", "-qm", "a finished run, its remote")
-    pushed = _run(repo_copy, "eagle3-remote", "push")
+    dvc(repo_copy, "repro")  # whatever the experiments above left in the workspace
+    dvc(repo_copy, "remote", "add", "-d", "store", str(remote))
+    run_ok(repo_copy, "git", "add", "-A")
+    run_ok(repo_copy, "git", "commit", "-qm", "a finished run, its remote")
+    pushed = run_ok(repo_copy, "eagle3-remote", "push")
     assert "holds every cached output of dvc.lock" in pushed.stdout, pushed.stdout[-2000:]
 
     # a hidden-states file lost from the remote: named by its workspace path, and a
@@ -405,9 +380,9 @@ def test_a_second_clone_pulls_the_artifacts_and_reruns_nothing(
     oid = hashlib.md5(shard.read_bytes()).hexdigest()
     (remote / "files/md5" / oid[:2] / oid[2:]).unlink()
     clone = tmp_path / "clone_b"
-    _run(tmp_path, "git", "clone", "-q", str(repo_copy), str(clone))
+    run_ok(tmp_path, "git", "clone", "-q", str(repo_copy), str(clone))
     refused = subprocess.run(
-        ["eagle3-remote", "pull"], cwd=clone, env=_env(), capture_output=True, text=True
+        ["eagle3-remote", "pull"], cwd=clone, env=command_env(), capture_output=True, text=True
     )
     assert refused.returncode == 1, refused.stderr
     line = refused.stderr.strip().splitlines()
@@ -415,19 +390,19 @@ def test_a_second_clone_pulls_the_artifacts_and_reruns_nothing(
     assert f"data/hidden_states/{shard.name} (output of stage 'extract'" in line[0]
     assert not (clone / "data/draft").exists()  # nothing half-pulled
     assert any(o["path"] == "data/hidden_states" for o in lock)
-    _run(repo_copy, "eagle3-remote", "push")
-    _run(clone, "eagle3-remote", "pull")
+    run_ok(repo_copy, "eagle3-remote", "push")
+    run_ok(clone, "eagle3-remote", "pull")
     assert (clone / "data/draft/model.safetensors").is_file()
     assert (clone / "metrics/details/train.json").is_file()  # git carries the details
     assert not (clone / "data/train_state").exists()  # the trainer's machine keeps that
     before = _lock(clone)
-    again = _dvc(clone, "repro")
+    again = dvc(clone, "repro")
     ran = {s for s in STAGES if f"Running stage '{s}'" in again.stdout}
     assert ran == {"preflight"}, again.stdout[-3000:]
     assert _changed(before, _lock(clone)) <= {"preflight"}
 
     epochs = yaml.safe_load((clone / "params.yaml").read_text())["train"]["epochs"]
-    exp = _dvc(clone, "exp", "run", "-S", f"train.epochs={epochs + 1}", *NO_VLLM)
+    exp = dvc(clone, "exp", "run", "-S", f"train.epochs={epochs + 1}", *NO_VLLM)
     ran = {s for s in STAGES if f"Running stage '{s}'" in exp.stdout}
     assert ran == {"preflight", "train", "validate"}, exp.stdout[-3000:]
 
@@ -446,7 +421,7 @@ def _node_cmd(cmd: str, port: int) -> str:
 
 
 def _start(cwd: Path, cmd: str, **env: str) -> subprocess.Popen:
-    full = {**_env(), "OMP_NUM_THREADS": "1", **env}  # one core per node, as two machines
+    full = {**command_env(), "OMP_NUM_THREADS": "1", **env}  # one core per node, as two machines
     return subprocess.Popen(
         ["bash", "-c", cmd],
         cwd=cwd,
@@ -470,7 +445,7 @@ def test_two_nodes_on_localhost_run_the_plans_commands(repo_copy: Path, tmp_path
     rerun resumes; a node that never comes is named by the other within the timeout."""
     import psutil
 
-    _dvc(repo_copy, "repro")  # the graph, as the tests above left it
+    dvc(repo_copy, "repro")  # the graph, as the tests above left it
     conf = repo_copy / "conf/config.yaml"
     saved_conf = conf.read_text()
     data = yaml.safe_load(saved_conf)
@@ -482,8 +457,8 @@ def test_two_nodes_on_localhost_run_the_plans_commands(repo_copy: Path, tmp_path
         },
     )
     conf.write_text(yaml.safe_dump(data, sort_keys=False))
-    _run(repo_copy, sys.executable, "-m", "eagle3_pipeline.tools.compose")
-    _dvc(repo_copy, "remote", "add", "-f", "-d", "nodes", str(tmp_path / "remote"))
+    run_ok(repo_copy, sys.executable, "-m", "eagle3_pipeline.tools.compose")
+    dvc(repo_copy, "remote", "add", "-f", "-d", "nodes", str(tmp_path / "remote"))
     two = _plan(repo_copy, tmp_path / "plan")["modes"]["two_nodes"]
     (extract, train) = two["offline"].values()
     lock = _lock(repo_copy)
@@ -493,20 +468,20 @@ def test_two_nodes_on_localhost_run_the_plans_commands(repo_copy: Path, tmp_path
     shutil.rmtree(repo_copy / "data/hidden_states")
     for rc, err in _finish([_start(repo_copy, _node_cmd(c, port)) for c in extract[:2]]):
         assert rc == 0, err[-3000:]
-    _run(repo_copy, "bash", "-c", _node_cmd(extract[2], port))  # dvc commit -f extract && push
+    run_ok(repo_copy, "bash", "-c", _node_cmd(extract[2], port))  # dvc commit -f extract && push
     assert _lock(repo_copy)["extract"]["outs"] == lock["extract"]["outs"]  # same bytes
 
     # training over two nodes
     for rc, err in _finish([_start(repo_copy, _node_cmd(c, port)) for c in train[:2]]):
         assert rc == 0, err[-3000:]
-    _run(repo_copy, "bash", "-c", _node_cmd(train[2], port))  # dvc commit -f train && push
+    run_ok(repo_copy, "bash", "-c", _node_cmd(train[2], port))  # dvc commit -f train && push
     details = json.loads((repo_copy / "metrics/details/train.json").read_text())
     assert details["launcher"]["nodes"] == 2 and details["world_size"] == 2
     two_node = (repo_copy / "data/draft/model.safetensors").read_bytes()
 
     # the same training on one node, two workers
     shutil.rmtree(repo_copy / "data/train_state")
-    _run(
+    run_ok(
         repo_copy,
         sys.executable,
         "-m",
@@ -556,5 +531,5 @@ def test_two_nodes_on_localhost_run_the_plans_commands(repo_copy: Path, tmp_path
         assert time.monotonic() - t0 < 90
 
     conf.write_text(saved_conf)
-    _run(repo_copy, sys.executable, "-m", "eagle3_pipeline.tools.compose")
-    _dvc(repo_copy, "remote", "remove", "nodes")
+    run_ok(repo_copy, sys.executable, "-m", "eagle3_pipeline.tools.compose")
+    dvc(repo_copy, "remote", "remove", "nodes")

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from commands import run_ok
 from workdirs import repo_copy
 
 REPO = Path(__file__).resolve().parents[2]
@@ -79,20 +79,6 @@ REDUCED = [
 ]
 
 
-def _run(cwd: Path, *cmd: str, timeout: int = 1800) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    proc = subprocess.run(
-        list(cmd), cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
-    )
-    if proc.returncode != 0:
-        raise AssertionError(
-            f"{' '.join(cmd)} failed ({proc.returncode}):\n"
-            f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
-        )
-    return proc
-
-
 @pytest.fixture(scope="module")
 def real_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """A repository copy that ran ``dvc repro`` on the reduced real-model config."""
@@ -102,7 +88,7 @@ def real_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     sharegpt = sharegpt_file()
     root = repo_copy(tmp_path_factory.mktemp("real"))
     link_benchmarks(root, "mt_bench", "humaneval")
-    _run(
+    run_ok(
         root,
         sys.executable,
         "-m",
@@ -111,9 +97,9 @@ def real_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
         f"model.gguf.path={gguf}",
         f"data.path={sharegpt}",
     )
-    _run(root, "git", "add", "-A")
-    _run(root, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "real")
-    out = _run(root, sys.executable, "-m", "dvc", "repro").stdout
+    run_ok(root, "git", "add", "-A")
+    run_ok(root, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "real")
+    out = run_ok(root, sys.executable, "-m", "dvc", "repro").stdout
     return root, out
 
 

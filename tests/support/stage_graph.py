@@ -5,13 +5,11 @@ copy of the repository. Shared by tests/pipeline/test_dvc_graph.py and tests/pip
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import yaml
+from commands import dvc
 from workdirs import repo_copy
 
 from eagle3_pipeline.tools.graph import STAGES, executed_modules, imports, module_file
@@ -64,17 +62,7 @@ def templated_keys(spec: object) -> set[str]:
 
 
 def _dvc(cwd: Path, *args: str) -> str:
-    env = {**os.environ, "DVC_NO_ANALYTICS": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "dvc", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, f"dvc {' '.join(args)}: {proc.stderr[-2000:]}"
-    return proc.stdout
+    return dvc(cwd, *args, timeout=300).stdout
 
 
 def _stale(cwd: Path) -> set[str]:

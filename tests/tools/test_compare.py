@@ -5,12 +5,11 @@ against the pipeline's own experiments in tests/pipeline/test_pipeline_dvc.py.""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from commands import run_ok
 
 from eagle3_pipeline.tools.experiments.compare import changed_params, experiments_from_json, main
 
@@ -36,20 +35,6 @@ stages:
 """
 
 
-def _run(cwd: Path, *cmd: str) -> str:
-    env = {
-        **os.environ,
-        "DVC_NO_ANALYTICS": "1",
-        "GIT_AUTHOR_NAME": "t",
-        "GIT_AUTHOR_EMAIL": "t@example.invalid",
-        "GIT_COMMITTER_NAME": "t",
-        "GIT_COMMITTER_EMAIL": "t@example.invalid",
-    }
-    proc = subprocess.run(list(cmd), cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"{cmd}: {proc.stdout[-2000:]} {proc.stderr[-2000:]}"
-    return proc.stdout
-
-
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("proj")
@@ -59,13 +44,13 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "train:\n  samples: 24\n  lr: 0.001\npaths:\n  live: dvclive\n"
     )
     dvc = (sys.executable, "-m", "dvc")
-    _run(root, "git", "init", "-q")
-    _run(root, *dvc, "init", "-q")
-    _run(root, *dvc, "repro", "-q")
-    _run(root, "git", "add", "-A")
-    _run(root, "git", "commit", "-qm", "baseline")
-    _run(root, *dvc, "exp", "run", "-q", "-S", "train.samples=1000", "--name", "more-samples")
-    _run(
+    run_ok(root, "git", "init", "-q")
+    run_ok(root, *dvc, "init", "-q")
+    run_ok(root, *dvc, "repro", "-q")
+    run_ok(root, "git", "add", "-A")
+    run_ok(root, "git", "commit", "-qm", "baseline")
+    run_ok(root, *dvc, "exp", "run", "-q", "-S", "train.samples=1000", "--name", "more-samples")
+    run_ok(
         root,
         *dvc,
         "exp",
@@ -102,7 +87,7 @@ def test_every_experiment_with_the_params_that_differ(project: Path, capsys, tmp
 
 @pytest.mark.integration  # real `dvc exp run` experiments
 def test_the_figures_are_dvcs_own(project: Path):
-    shown = json.loads(_run(project, sys.executable, "-m", "dvc", "exp", "show", "--json"))
+    shown = json.loads(run_ok(project, sys.executable, "-m", "dvc", "exp", "show", "--json").stdout)
     rows = experiments_from_json(shown)
     assert changed_params(rows) == ["train.samples", "train.lr"]
     by_name = {r.name: r for r in rows}

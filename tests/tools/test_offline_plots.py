@@ -9,13 +9,13 @@ test is skipped.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from commands import run_ok
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -27,25 +27,18 @@ pytestmark = [
 ]
 
 
-def _run(cwd: Path, *cmd: str) -> str:
-    env = {**os.environ, "DVC_NO_ANALYTICS": "1"}
-    proc = subprocess.run(list(cmd), cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"{cmd}: {proc.stdout[-2000:]} {proc.stderr[-2000:]}"
-    return proc.stdout
-
-
 def _project(root: Path, template: bool) -> Path:
     """A DVC project with one training curve in dvclive's layout (step, loss)."""
     root.mkdir()
-    _run(root, "git", "init", "-q")
-    _run(root, sys.executable, "-m", "dvc", "init", "-q")
+    run_ok(root, "git", "init", "-q")
+    run_ok(root, sys.executable, "-m", "dvc", "init", "-q")
     curve = root / "dvclive/train/plots/metrics/train/loss.tsv"
     curve.parent.mkdir(parents=True)
     curve.write_text("step\tloss\n" + "".join(f"{s}\t{8 / s:.4f}\n" for s in range(1, 41)))
     (root / "dvc.yaml").write_text("plots:\n  - dvclive/train/plots/metrics:\n      x: step\n")
     if template:
         shutil.copy(REPO / ".dvc/offline_plots.html", root / ".dvc/offline_plots.html")
-        _run(
+        run_ok(
             root, sys.executable, "-m", "dvc", "config", "plots.html_template", "offline_plots.html"
         )
     return root
@@ -83,7 +76,7 @@ def _line(pixels: list[tuple[int, int, int]]) -> int:
 
 def test_the_project_template_renders_offline_and_the_cdn_one_does_not(tmp_path):
     offline = _project(tmp_path / "offline", template=True)
-    _run(offline, sys.executable, "-m", "dvc", "plots", "show", "-o", "page")
+    run_ok(offline, sys.executable, "-m", "dvc", "plots", "show", "-o", "page")
     html = (offline / "page/index.html").read_text()
     assert "cdn.jsdelivr.net" not in html and "vega-embed 6.29.0" in html
     drawn = _screenshot(offline / "page/index.html", tmp_path / "offline.png")
@@ -92,7 +85,7 @@ def test_the_project_template_renders_offline_and_the_cdn_one_does_not(tmp_path)
     assert sum(1 for p in drawn if p != (255, 255, 255)) > 2000
 
     online = _project(tmp_path / "online", template=False)
-    _run(online, sys.executable, "-m", "dvc", "plots", "show", "-o", "page")
+    run_ok(online, sys.executable, "-m", "dvc", "plots", "show", "-o", "page")
     assert "cdn.jsdelivr.net" in (online / "page/index.html").read_text()
     assert _line(_screenshot(online / "page/index.html", tmp_path / "online.png")) == 0
 

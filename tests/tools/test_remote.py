@@ -8,12 +8,12 @@ the same command in ``tests/pipeline/test_pipeline_dvc.py``.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from commands import run, run_ok
 
 pytestmark = pytest.mark.integration
 
@@ -31,24 +31,8 @@ stages:
 """
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    for key in ("GIT_AUTHOR", "GIT_COMMITTER"):
-        env.setdefault(f"{key}_NAME", "test")
-        env.setdefault(f"{key}_EMAIL", "test@example.invalid")
-    return env
-
-
-def _ok(cwd: Path, *cmd: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True)
-    assert proc.returncode == 0, f"{cmd}: {proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
-    return proc
-
-
-def _remote(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "eagle3_pipeline.tools.remote.cli", *args]
-    return subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True)
+def _remote(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return run(cwd, sys.executable, "-m", "eagle3_pipeline.tools.remote.cli", *args)
 
 
 def _error_line(proc: subprocess.CompletedProcess) -> str:
@@ -68,13 +52,13 @@ def pushed(tmp_path: Path) -> tuple[Path, Path]:
     """Clone A: the graph run, committed and pushed to a local-directory remote."""
     a, store = tmp_path / "a", tmp_path / "store"
     a.mkdir()
-    _ok(a, "git", "init", "-q")
-    _ok(a, sys.executable, "-m", "dvc", "init", "-q")
+    run_ok(a, "git", "init", "-q")
+    run_ok(a, sys.executable, "-m", "dvc", "init", "-q")
     (a / "dvc.yaml").write_text(STAGE)
-    _ok(a, sys.executable, "-m", "dvc", "repro", "-q")
-    _ok(a, sys.executable, "-m", "dvc", "remote", "add", "-d", "store", str(store))
-    _ok(a, "git", "add", "-A")
-    _ok(a, "git", "commit", "-qm", "run")
+    run_ok(a, sys.executable, "-m", "dvc", "repro", "-q")
+    run_ok(a, sys.executable, "-m", "dvc", "remote", "add", "-d", "store", str(store))
+    run_ok(a, "git", "add", "-A")
+    run_ok(a, "git", "commit", "-qm", "run")
     pushed = _remote(a, "push")
     assert pushed.returncode == 0, pushed.stderr
     return a, store
@@ -108,13 +92,13 @@ def test_a_file_lost_from_the_remote_is_named_and_pull_fetches_nothing(
     assert f"object {lost}" in line and "`eagle3-remote push`" in line  # A's cache has it
 
     b = tmp_path / "b"
-    _ok(tmp_path, "git", "clone", "-q", str(a), str(b))
+    run_ok(tmp_path, "git", "clone", "-q", str(a), str(b))
     line = _error_line(_remote(b, "pull"))
     assert "lacks out/b.txt" in line and "`dvc repro make`" in line  # B's cache lacks it
     assert not (b / "out").exists() and not (b / "one.txt").exists()  # nothing half-pulled
 
     # plain `dvc push` believes the directory complete (its listing is on the remote)
-    _ok(a, sys.executable, "-m", "dvc", "push")
+    run_ok(a, sys.executable, "-m", "dvc", "push")
     assert not lost.exists()
     mended = _remote(a, "push")
     assert mended.returncode == 0, mended.stderr
@@ -156,7 +140,7 @@ def test_no_remote_an_unknown_one_and_no_repository(
 ) -> None:
     a, _ = pushed
     assert "no DVC remote named 'nope'" in _error_line(_remote(a, "check", "-r", "nope"))
-    _ok(a, sys.executable, "-m", "dvc", "remote", "remove", "store")
+    run_ok(a, sys.executable, "-m", "dvc", "remote", "remove", "store")
     assert "no DVC remote is set" in _error_line(_remote(a, "check"))
     assert "is not a DVC repository" in _error_line(_remote(tmp_path, "check"))
 
@@ -176,12 +160,12 @@ def test_a_remote_nothing_answers_at_and_a_missing_plugin(
 
     a, _ = pushed
     dvc = (sys.executable, "-m", "dvc", "remote", "add")
-    _ok(a, *dvc, "web", "http://127.0.0.1:9/eagle3")
+    run_ok(a, *dvc, "web", "http://127.0.0.1:9/eagle3")
     line = _error_line(_remote(a, "check", "-r", "web"))
     assert "remote 'web' at http://127.0.0.1:9/eagle3 is unreachable: nothing is there" in line
     if importlib.util.find_spec("dvc_s3") is not None:
         pytest.skip("dvc-s3 is installed here: the missing-plugin line cannot be shown")
-    _ok(a, *dvc, "bucket", "s3://bucket/eagle3")
+    run_ok(a, *dvc, "bucket", "s3://bucket/eagle3")
     line = _error_line(_remote(a, "pull", "-r", "bucket"))
     assert "remote 'bucket': s3 is supported, but requires 'dvc-s3'" in line
     assert "pip install 'dvc[<scheme>]'" in line
