@@ -340,6 +340,28 @@ def test_speculators_builds_every_draft_layer_type_we_offer() -> None:
         assert DRAFT_ARCH_CONFIGS[name] is config_class(kind), name
 
 
+def test_the_fused_loss_kernels_share_their_autotune_configs_and_we_separate_them() -> None:
+    """speculators 0.9's two fused-loss kernels hold one autotune config list, which torch
+    2.11's dynamo refuses to reach twice (the H200 proof's train stage). When speculators
+    stops sharing it this test fails: drop compat.speculators.separate_fused_loss_configs."""
+    pytest.importorskip("triton")
+    from speculators.losses import fused
+
+    from eagle3_pipeline.compat.speculators import separate_fused_loss_configs
+
+    forward, backward = fused.loss_forward_kernel, fused.loss_backward_kernel
+    shared = backward.configs is forward.configs
+    before = [(c.kwargs, c.num_warps) for c in forward.configs]
+    assert shared, "speculators no longer shares the list: the workaround can go"
+    assert separate_fused_loss_configs() is True
+    assert backward.configs is not forward.configs
+    assert not any(b is f for b, f in zip(backward.configs, forward.configs, strict=True))
+    # the same candidates, in the same order: the autotuner chooses as before
+    assert [(c.kwargs, c.num_warps) for c in backward.configs] == before
+    assert [(c.kwargs, c.num_warps) for c in forward.configs] == before
+    assert separate_fused_loss_configs() is False  # once is enough
+
+
 def test_the_loss_names_the_schema_accepts_are_speculators_own() -> None:
     """``core.choices.LossName`` (checked at compose) is what ``resolve_loss_config``
     knows under both implementations; fails when speculators adds, drops or renames one."""

@@ -86,6 +86,33 @@ def register_draft_layer(model_type: str, components: Any) -> None:
     model_definitions.model_classes.setdefault(model_type, components)
 
 
+# --------------------------------------------------------------------------- fused loss
+
+
+def separate_fused_loss_configs() -> bool:
+    """Give speculators' fused-loss backward kernel its own autotune config list.
+
+    Why: speculators 0.9 decorates both Triton kernels of ``losses/fused.py`` with one
+    ``triton.autotune(configs=_tile_configs(), ...)``, so both autotuners hold the same
+    list object. Under ``torch.compile`` (speculators compiles ``compute_metrics``, which
+    calls the fused loss) torch 2.11's dynamo reaches that list through both kernels and
+    stops the first step with "ListVariable(length=21) is already tracked for mutation"
+    (measured on an H200: the GPU proof's train stage failed on its first step, and passed
+    with ``train.loss_implementation=eager``). A copy of the list and of each config gives
+    dynamo two distinct objects; the autotuner's choices are unchanged. Returns whether it
+    had to (False once speculators stops sharing the list: tests/compat/test_compat.py says
+    so). Imports Triton: call it only where the fused loss is used."""
+    import copy
+
+    from speculators.losses import fused
+
+    forward, backward = fused.loss_forward_kernel, fused.loss_backward_kernel
+    if backward.configs is not forward.configs:
+        return False
+    backward.configs = [copy.copy(c) for c in forward.configs]
+    return True
+
+
 # --------------------------------------------------------------------------- training data
 
 

@@ -77,6 +77,10 @@ class DraftTrainer:
         self.device = torch.device(f"cuda:{d.local_rank}" if rt.device == "cuda" else "cpu")
         self.attn = rt.attn_implementation or cuda_attention(self.device, plan.shape)
         self.loss_impl = rt.loss_implementation or cuda_loss()
+        if self.loss_impl == "fused":
+            from eagle3_pipeline.compat.speculators import separate_fused_loss_configs
+
+            separate_fused_loss_configs()
         self.autocast_dtype = getattr(torch, rt.dtype) if rt.dtype != "float32" else None
         self.hs_dtype = getattr(torch, rt.dtype)
         # a process group started outside the stage (a hand-run torchrun) still gets DDP
