@@ -11,6 +11,7 @@ this point and nowhere else; written by hand they go stale.
 from __future__ import annotations
 
 import io
+from typing import Any
 
 from eagle3_pipeline.validate.facts import ReportFacts
 from eagle3_pipeline.validate.record import SetFigures, SliceFigures, ValidateRecord, VllmFigures
@@ -38,9 +39,9 @@ def acceptance_png(acc: ValidateRecord, title: str) -> bytes:
     ax.set_xticks(pos)
     ax.set_xlabel("draft position")
     ax.set_ylabel("acceptance rate")
-    ax.set_ylim(0, 1)
+    _headroom_for_legend(ax)
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper center", ncol=2)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
@@ -67,14 +68,27 @@ def sets_png(sets: dict[str, SetFigures], k: int, title: str) -> bytes:
     ax.set_xticks(list(range(1, k + 1)))
     ax.set_xlabel("draft position")
     ax.set_ylabel("accepted / verification steps")
-    ax.set_ylim(0, 1)
+    _headroom_for_legend(ax)
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8, title="prompt set (acceptance length)", title_fontsize=8)
+    ax.legend(
+        fontsize=8,
+        title="prompt set (acceptance length)",
+        title_fontsize=8,
+        loc="upper center",
+        ncol=min(3, max(1, len(names))),
+    )
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
     plt.close(fig)
     return buf.getvalue()
+
+
+def _headroom_for_legend(ax: Any) -> None:
+    """Rates run up to 1, so the y axis goes above it: a legend inside the axes then sits
+    over empty space instead of over a good draft's bars."""
+    ax.set_ylim(0, 1.3)
+    ax.set_yticks([0.0, 0.2, 0.4, 0.6, 0.8, 1.0])
 
 
 def _rates(f: SetFigures | SliceFigures) -> list[float | None]:
