@@ -55,3 +55,11 @@ def run_ok(
 def dvc(cwd: Path, *args: str, timeout: float = 1500) -> subprocess.CompletedProcess[str]:
     """``dvc *args`` (this interpreter's DVC) in ``cwd``, which must succeed."""
     return run_ok(cwd, sys.executable, "-m", "dvc", *args, timeout=timeout)
+
+
+def stage(
+    cwd: Path, name: str, *args: str | Path, timeout: float = 1500
+) -> subprocess.CompletedProcess[str]:
+    """The stage entrypoint ``name`` (``python -m eagle3_pipeline.stages.NAME ARGS``) in
+    ``cwd``, whatever its exit code: the bad-input tests read its one-line error."""
+    return run(cwd, sys.executable, "-m", f"eagle3_pipeline.stages.{name}", *args, timeout=timeout)

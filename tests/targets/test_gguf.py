@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
+from commands import stage
 
 from eagle3_pipeline.core.config import ConfigError, GgufSourceConfig, load_config
 from eagle3_pipeline.preflight.view import PreflightInputs
@@ -55,21 +55,7 @@ def _sha(path: Path) -> str:
 
 
 def _run_target(cwd: Path, *overrides: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "eagle3_pipeline.stages.target",
-            "--conf-dir",
-            str(REPO / "conf"),
-            *SMOLLM,
-            *overrides,
-        ],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return stage(cwd, "target", "--conf-dir", REPO / "conf", *SMOLLM, *overrides, timeout=300)
 
 
 def test_smollm2_group_pins_the_file_and_its_wheel():

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from commands import stage
 from safetensors.torch import load_file
 
 from eagle3_pipeline.targets.adapter import load_target_spec
@@ -129,20 +129,7 @@ def test_trained_tiny_target_beats_unigram_by_half(tmp_path):
 
 
 def _run_target(cwd: Path, *overrides: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "eagle3_pipeline.stages.target",
-            "--conf-dir",
-            str(REPO / "conf"),
-            *overrides,
-        ],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return stage(cwd, "target", "--conf-dir", REPO / "conf", *overrides, timeout=300)
 
 
 @pytest.fixture
