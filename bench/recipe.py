@@ -387,10 +387,10 @@ def main() -> None:
             ["--total-seq-len", str(cfg.train.tokens_per_step)],
         ),
     )
-    for name, *sets in args.variant:
+    for name, *overrides in args.variant:  # not ``sets``: the prompt sets' names below
         done(
             f"pipeline {name}",
-            lambda n=name, s=sets: train_variant(work, out / f"variant_{n}", [*epochs, *s]),
+            lambda n=name, o=overrides: train_variant(work, out / f"variant_{n}", [*epochs, *o]),
         )
     if not args.skip_stock_defaults:
         done(
