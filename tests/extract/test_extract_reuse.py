@@ -18,8 +18,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+from extract_work import extract, make_rows, rows_of, workdir_for
 from safetensors import safe_open
-from test_extract import extract, make_rows, rows_of, workdir_for
 
 from eagle3_pipeline.core.errors import StageError
 

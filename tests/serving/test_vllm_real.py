@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from extract_work import config, workdir_for
 from safetensors.torch import load_file
-from test_extract import config, workdir_for
 
 from eagle3_pipeline.core.config import load_config
 from eagle3_pipeline.core.errors import StageError
