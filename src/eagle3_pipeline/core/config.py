@@ -786,7 +786,7 @@ def register_schema() -> None:
 
 
 def _check_bounds(node: Any, prefix: str = "") -> None:
-    """Every :func:`ranged` field under ``node`` within its declared bounds."""
+    """Every :func:`setting` field under ``node`` within its declared bounds."""
     for f in fields(node):
         value, key = getattr(node, f.name), f"{prefix}{f.name}"
         if is_dataclass(value):
@@ -1156,6 +1156,8 @@ def _show(value: Any) -> str:
         return str(value.value)
     if value is None:
         return "null"
+    if value == "":
+        return '""'
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, list):
@@ -1189,16 +1191,25 @@ def _accepts(tp: Any, bounds: tuple[float | None, ...] | None) -> str:
 def key_facts(key: str) -> KeyFacts:
     """What the schema says of dotted ``key``: default, accepted values, description."""
     f = describe(Config, key)
+    *parents, leaf = key.split(".")
     value: Any = Config()
-    for part in key.split("."):
+    for part in parents:
         value = getattr(value, part, None) if value is not None else None
+    if value is not None:
+        default = _show(getattr(value, leaf))
+    elif f.default is not MISSING:  # under a section that is null by default: its own
+        default = _show(f.default)
+    elif f.default_factory is not MISSING:
+        default = _show(f.default_factory())
+    else:
+        default = "(required)"
     tp = get_type_hints(_owner(key))[f.name]
     section = next((a for a in get_args(tp) or (tp,) if is_dataclass(a)), None)
     doc = f.metadata.get("doc") or ""
     if section is not None and not doc:
         doc = " ".join((section.__doc__ or "").strip().split("\n\n")[0].split())
     accepts = "section" if section is not None else _accepts(tp, f.metadata.get("bounds"))
-    return KeyFacts(key, _show(value), accepts, doc)
+    return KeyFacts(key, default, accepts, doc)
 
 
 def leaf_keys(key: str = "") -> list[str]:
@@ -1236,19 +1247,32 @@ def keys_help(keys: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+class _StageParser(argparse.ArgumentParser):
+    """A stage's parser whose epilog (the keys it reads, each looked up in the schema) is
+    built only when help is printed, not on every run of the stage."""
+
+    def __init__(self, *args: Any, keys: list[str] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.keys = keys
+
+    def format_help(self) -> str:
+        self.epilog = (keys_help(self.keys) + "\n" if self.keys else "") + (
+            "Examples:\n"
+            f"  python -m {self.prog} --params params.yaml      # what dvc.yaml runs\n"
+            f"  python -m {self.prog} train.epochs=1 model=tiny_llama   # compose conf/ + overrides\n"
+        )
+        return super().format_help()
+
+
 def stage_argparser(
     prog: str, description: str, keys: list[str] | None = None
 ) -> argparse.ArgumentParser:
     """The command line every stage shares: ``[--params FILE] [key=value ...]``; its help
     lists ``keys`` (the stage's input view) from the schema."""
-    parser = argparse.ArgumentParser(
+    parser = _StageParser(
         prog=prog,
         description=description,
-        epilog=(
-            (keys_help(keys) + "\n" if keys else "") + "Examples:\n"
-            f"  python -m {prog} --params params.yaml      # what dvc.yaml runs\n"
-            f"  python -m {prog} train.epochs=1 model=tiny_llama   # compose conf/ + overrides\n"
-        ),
+        keys=keys,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -99,9 +99,6 @@ class Engine:
     max_num_seqs: int | None = None  # requests in flight at most; null: vLLM's default
     env: dict[str, str] = field(default_factory=dict)  # for the vLLM process
     extra_args: list[str] = field(default_factory=list)  # `vllm serve` only
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
     def serve_argv(
         self, port: int, executable: Sequence[str] = ("vllm",), host: str = "127.0.0.1"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 
+from eagle3_pipeline.core.errors import StageError
 from eagle3_pipeline.core.io import remove_path
 from eagle3_pipeline.core.metrics import details_path, read_details, write_details
 from eagle3_pipeline.core.records import RecordError
@@ -44,7 +45,8 @@ def run(cfg: TrainInputs) -> None:
     before = preflight_snapshot(cfg)
     remove_path(details_path(cfg, "train"))
     record = run_training(cfg, before)
-    assert record is not None  # node 0's run returns its record
+    if record is None:  # node 0's run returns its record; None means it wrote none
+        raise StageError("the training run returned no record; see the log above")
     write_details(cfg, record)
     write_summary(TrainPaths.from_config(cfg).live, record)
     log.info(

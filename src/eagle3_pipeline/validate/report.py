@@ -21,17 +21,17 @@ from eagle3_pipeline.validate.report_serving import fmt as _fmt
 PACKAGES = ("eagle3-pipeline", "speculators", "torch", "transformers", "vllm", "dvc")
 
 
-def acceptance_png(acc: ValidateRecord, title: str) -> bytes:
+def acceptance_png(record: ValidateRecord, title: str) -> bytes:
     """Per-position acceptance rates (and conditional rates) as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    k = acc.k
+    k = record.k
     pos = list(range(1, k + 1))
-    rate = [r if r is not None else 0.0 for r in acc.per_position_rate]
-    cond = [r if r is not None else 0.0 for r in acc.per_position_conditional]
+    rate = [r if r is not None else 0.0 for r in record.per_position_rate]
+    cond = [r if r is not None else 0.0 for r in record.per_position_conditional]
     fig, ax = plt.subplots(figsize=(6, 4))
     width = 0.4
     ax.bar([p - width / 2 for p in pos], rate, width, label="accepted / steps")
@@ -157,21 +157,21 @@ def sets_lines(sets: dict[str, SetFigures], k: int, max_new_tokens: int) -> list
     return lines
 
 
-def _acceptance_table(acc: ValidateRecord) -> list[str]:
+def _acceptance_table(record: ValidateRecord) -> list[str]:
     lines = [
         "| position | accepted | rate (of steps) | conditional rate |",
         "|---:|---:|---:|---:|",
     ]
-    for i in range(acc.k):
+    for i in range(record.k):
         lines.append(
-            f"| {i + 1} | {acc.accepted_per_pos[i]} | "
-            f"{_fmt(acc.per_position_rate[i])} | "
-            f"{_fmt(acc.per_position_conditional[i])} |"
+            f"| {i + 1} | {record.accepted_per_pos[i]} | "
+            f"{_fmt(record.per_position_rate[i])} | "
+            f"{_fmt(record.per_position_conditional[i])} |"
         )
     return lines
 
 
-def markdown_report(acc: ValidateRecord, facts: ReportFacts) -> str:
+def markdown_report(record: ValidateRecord, facts: ReportFacts) -> str:
     t = facts.target
     lines = [
         "# EAGLE-3 draft validation",
@@ -182,13 +182,13 @@ def markdown_report(acc: ValidateRecord, facts: ReportFacts) -> str:
         "## Verdicts",
         "",
         f"- Checkpoint (vLLM + speculators loading rules): "
-        f"**{'PASS' if acc.checkpoint_ok else 'FAIL'}**, {acc.checkpoint_errors} error(s), "
-        f"{acc.checkpoint_warnings} warning(s)",
+        f"**{'PASS' if record.checkpoint_ok else 'FAIL'}**, {record.checkpoint_errors} error(s), "
+        f"{record.checkpoint_warnings} warning(s)",
         f"- Lossless (speculative output == plain greedy): "
-        f"**{_fmt(acc.lossless)}** ({acc.lossless_prompts}/{acc.prompts} prompts, "
-        f"{acc.dtype} on {acc.device})",
+        f"**{_fmt(record.lossless)}** ({record.lossless_prompts}/{record.prompts} prompts, "
+        f"{record.dtype} on {record.device})",
     ]
-    for d in acc.divergences[:10]:
+    for d in record.divergences[:10]:
         lines.append(
             f"  - prompt {d.prompt}: first divergence at token {d.position}, "
             f"target top-2 logit margin {_fmt(d.top2_margin, 4)}"
@@ -197,27 +197,27 @@ def markdown_report(acc: ValidateRecord, facts: ReportFacts) -> str:
         "",
         "## Acceptance length",
         "",
-        f"**{_fmt(acc.acceptance_length)} tokens per target step** at K={acc.k} "
-        f"(chained greedy speculative decoding, {acc.prompts} prompts of every set, "
-        f"at most {acc.max_new_tokens} new tokens each, {acc.tokens} tokens generated, "
-        f"{acc.verification_steps} verification forwards; the prefill is excluded). "
-        f"vLLM-style 1 + accepted/drafts: {_fmt(acc.vllm_style_acceptance_length)}.",
+        f"**{_fmt(record.acceptance_length)} tokens per target step** at K={record.k} "
+        f"(chained greedy speculative decoding, {record.prompts} prompts of every set, "
+        f"at most {record.max_new_tokens} new tokens each, {record.tokens} tokens generated, "
+        f"{record.verification_steps} verification forwards; the prefill is excluded). "
+        f"vLLM-style 1 + accepted/drafts: {_fmt(record.vllm_style_acceptance_length)}.",
         "",
-        *_acceptance_table(acc),
+        *_acceptance_table(record),
         "",
         "![per-position acceptance](acceptance.png)",
     ]
-    if acc.sets:
+    if record.sets:
         lines[lines.index("## Acceptance length") : lines.index("## Acceptance length")] = [
             "## Acceptance length per prompt set",
             "",
-            *sets_lines(acc.sets, acc.k, acc.max_new_tokens),
+            *sets_lines(record.sets, record.k, record.max_new_tokens),
             "",
         ]
-    v = acc.vllm
+    v = record.vllm
     if v:
         lines += ["", "## In vLLM", "", *_vllm_lines(v)]
-        lines += serving_lines(v, acc.k, acc.max_new_tokens)
+        lines += serving_lines(v, record.k, record.max_new_tokens)
     if facts.serve_command:
         lines += ["", "## Serve it", "", f"```\n{facts.serve_command}\n```"]
     if facts.findings:
@@ -249,7 +249,7 @@ def _vllm_lines(v: VllmFigures) -> list[str]:
     return lines
 
 
-def model_card(acc: ValidateRecord, facts: ReportFacts) -> str:
+def model_card(record: ValidateRecord, facts: ReportFacts) -> str:
     """README.md for publishing the draft (Hugging Face model-card front matter)."""
     t, data, draft, versions = facts.target, facts.data, facts.draft, facts.versions
     front = [
@@ -279,44 +279,44 @@ def model_card(acc: ValidateRecord, facts: ReportFacts) -> str:
         "```",
         facts.serve_command
         or "vllm serve TARGET --speculative-config "
-        f'\'{{"method":"eagle3","model":"DRAFT","num_speculative_tokens":{acc.k}}}\'',
+        f'\'{{"method":"eagle3","model":"DRAFT","num_speculative_tokens":{record.k}}}\'',
         "```",
         "",
         "## Draft",
         "",
         f"- Target architecture (vLLM name): `{t.vllm_architecture}`",
         f"- Aux hidden-state layers of the target: {t.aux_layer_ids}",
-        f"- Draft tokens per step (K): {acc.k}",
+        f"- Draft tokens per step (K): {record.k}",
         f"- Draft shape: {draft.shape or 'see config.json'}",
         f"- Draft vocabulary: {draft.vocab_size or 'see config.json'}",
         "",
         "## Acceptance length",
         "",
-        f"**{_fmt(acc.acceptance_length)}** tokens per target forward at K={acc.k}, "
+        f"**{_fmt(record.acceptance_length)}** tokens per target forward at K={record.k}, "
         f"measured by chained greedy speculative decoding against the target on "
-        f"{acc.prompts} prompts never trained on (at most "
-        f"{acc.max_new_tokens} new tokens each, {acc.tokens} tokens, "
-        f"{acc.verification_steps} verification forwards, prefill excluded; {acc.dtype} on "
-        f"{acc.device}). Per-position acceptance rates: "
-        f"{[_fmt(r) for r in acc.per_position_rate]}. "
-        f"Output identical to the target's greedy decoding: {_fmt(acc.lossless)}.",
+        f"{record.prompts} prompts never trained on (at most "
+        f"{record.max_new_tokens} new tokens each, {record.tokens} tokens, "
+        f"{record.verification_steps} verification forwards, prefill excluded; {record.dtype} on "
+        f"{record.device}). Per-position acceptance rates: "
+        f"{[_fmt(r) for r in record.per_position_rate]}. "
+        f"Output identical to the target's greedy decoding: {_fmt(record.lossless)}.",
     ]
-    for name, f in (acc.sets or {}).items():
+    for name, f in (record.sets or {}).items():
         lines.append(
             f"- {name} ({f.ours.prompts} prompts): {_fmt(f.acceptance())} "
-            f"({'vLLM counters' if f.vllm else 'our decoder'}, K={acc.k}, T=0)"
+            f"({'vLLM counters' if f.vllm else 'our decoder'}, K={record.k}, T=0)"
         )
-    v = acc.vllm
+    v = record.vllm
     if v:
         lines.append(
             f"vLLM's own counters (1 + accepted/drafts) gave "
             f"{_fmt(v.mean_acceptance_length)}; single-stream speedup in vLLM "
-            f"{_fmt(v.speedup, 2)}x ({acc.dtype} on {acc.device})."
+            f"{_fmt(v.speedup, 2)}x ({record.dtype} on {record.device})."
         )
         if v.sampled:
             s = v.sampled
             lines.append(
-                f"At temperature {s.temperature} (vLLM's rejection sampler, K={acc.k}): "
+                f"At temperature {s.temperature} (vLLM's rejection sampler, K={record.k}): "
                 + ", ".join(f"{n} {_fmt(f.mean_acceptance_length)}" for n, f in s.sets.items())
                 + "."
             )
@@ -346,22 +346,22 @@ def model_card(acc: ValidateRecord, facts: ReportFacts) -> str:
     return "\n".join(front + lines) + "\n"
 
 
-def validation_files(acc: ValidateRecord, facts: ReportFacts) -> dict[str, bytes]:
+def validation_files(record: ValidateRecord, facts: ReportFacts) -> dict[str, bytes]:
     """data/validate/'s files by name: report.md, README.md (the model card), acceptance.png."""
     name = facts.target.name
-    title = f"{name}: acceptance length {acc.acceptance_length or 0:.2f} at K={acc.k}"
+    title = f"{name}: acceptance length {record.acceptance_length or 0:.2f} at K={record.k}"
     files = {
-        "report.md": markdown_report(acc, facts).encode("utf-8"),
-        "README.md": model_card(acc, facts).encode("utf-8"),
-        "acceptance.png": acceptance_png(acc, title),
+        "report.md": markdown_report(record, facts).encode("utf-8"),
+        "README.md": model_card(record, facts).encode("utf-8"),
+        "acceptance.png": acceptance_png(record, title),
     }
-    conc = acc.vllm.concurrency if acc.vllm else None
+    conc = record.vllm.concurrency if record.vllm else None
     if conc and any(r.speedup is not None for r in conc.levels):
         files["speedup_by_concurrency.png"] = concurrency_png(
-            conc, f"{name}: speedup per requests in flight, K={acc.k}, T=0"
+            conc, f"{name}: speedup per requests in flight, K={record.k}, T=0"
         )
-    if acc.sets:
+    if record.sets:
         files["acceptance_by_set.png"] = sets_png(
-            acc.sets, acc.k, f"{name}: acceptance per prompt set, K={acc.k}"
+            record.sets, record.k, f"{name}: acceptance per prompt set, K={record.k}"
         )
     return files

@@ -142,7 +142,7 @@ def measure_acceptance(
     from eagle3_pipeline.validate.prompt_sets import load_first_turns, second_turns
 
     v = cfg.validate
-    names = [str(getattr(s, "value", s)) for s in v.prompt_sets]
+    names = [str(s) for s in v.prompt_sets]
     tokenizer = load_tokenizer(spec) if names != ["heldout"] else None
     first = load_first_turns(
         names, prompts_path, tokenizer, v.num_prompts, cfg.seed, spec.vocab_size
@@ -309,7 +309,7 @@ def measure_vllm(
             out.best_k_speedup = None if best is None else best.speedup
     except (VllmEnvError, VllmRunError, VllmError, OSError) as exc:
         raise StageError(f"vLLM validation failed: {exc}") from None
-    out.mode = str(v.vllm_mode.value if hasattr(v.vllm_mode, "value") else v.vllm_mode)
+    out.mode = str(v.vllm_mode)
     out.dtype = dtype
     out.commands = {name: portable(e.shell(v.server.port)) for name, e in engines.items()}
     out.workarounds = {
@@ -467,7 +467,7 @@ def validate_draft(
             aux_layer_ids=list(spec.aux_layer_ids),
         ),
         data=DataFacts(
-            source=str(getattr(cfg.data.source, "value", cfg.data.source)),
+            source=str(cfg.data.source),
             path=cfg.data.path,
             license=data_licence(cfg),
             regenerate=cfg.data.regenerate,
