@@ -10,17 +10,19 @@ input views (``stages/<stage>.py``'s ``INPUTS``), the same declaration that writ
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 from eagle3_pipeline.core.config import key_facts, leaf_keys
-from eagle3_pipeline.tools.graph import STAGES, inputs_view
 
+# graph.STAGES too: graph imports this module, so importing graph here would be a cycle.
+STAGES = ("preflight", "target", "prepare", "extract", "train", "validate")
 KEYMAP = Path("docs/configuration.md")
 
 
 def readers() -> dict[str, list[str]]:
     """Each value key with the stages whose input view reads it (itself or a section above)."""
-    views = {s: inputs_view(s) for s in STAGES}
+    views = {s: importlib.import_module(f"eagle3_pipeline.stages.{s}").INPUTS for s in STAGES}
     read = {s: [leaf for k in v.keys() for leaf in leaf_keys(k)] for s, v in views.items()}
     return {key: [s for s in STAGES if key in read[s]] for key in leaf_keys()}
 
