@@ -125,6 +125,54 @@ def test_cache_resumes_without_generating_again(target, convs, hf_rows, tmp_path
     assert [r.completion for r in rows] == [r.completion for r in hf_rows[0]]
 
 
+class _StopsAfter:
+    """The real target, whose ``generate`` is interrupted (Ctrl-C) after ``calls`` batches."""
+
+    def __init__(self, model: Any, calls: int) -> None:
+        self.model, self.calls = model, calls
+
+    def generate(self, **kw: Any) -> Any:
+        if self.calls == 0:
+            raise KeyboardInterrupt
+        self.calls -= 1
+        return self.model.generate(**kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.model, name)
+
+
+def test_an_interrupted_round_keeps_the_batches_it_finished(target, convs, hf_rows, tmp_path):
+    model_dir, tok, eot, model = target
+    interrupted = HFBackend(
+        model_dir, eot, tok.pad_token_id, MAX_NEW, 2, model=_StopsAfter(model, 1)
+    )
+    with pytest.raises(KeyboardInterrupt):
+        regenerate_rows(
+            convs,
+            interrupted,
+            tok,
+            eot,
+            512,
+            cache=GenerationCache(tmp_path / "c.jsonl"),
+            progress=False,
+            markers=THINK,
+        )
+    # the first batch of round 0 (two requests) was written before the interrupt
+    assert len(GenerationCache(tmp_path / "c.jsonl").entries) == 2
+    rows, stats = regenerate_rows(
+        convs,
+        _hf(target),
+        tok,
+        eot,
+        512,
+        cache=GenerationCache(tmp_path / "c.jsonl"),
+        progress=False,
+        markers=THINK,
+    )
+    assert stats.cached == 2 and stats.requests == len(rows) - 2
+    assert [r.completion for r in rows] == [r.completion for r in hf_rows[0]]
+
+
 def test_reasoning_drop_cuts_between_the_markers_at_token_level(target):
     _, tok, eot, _ = target
     ids = tok("<think>so I think</think>Answer.<|im_end|>", add_special_tokens=False)["input_ids"]

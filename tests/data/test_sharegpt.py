@@ -9,7 +9,6 @@ import hashlib
 import json
 import shutil
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,13 @@ from eagle3_pipeline.data.conversations import (
 )
 from eagle3_pipeline.data.pinned import PinnedFileError, data_file
 from eagle3_pipeline.data.prepare import no_conversation_message
-from eagle3_pipeline.data.regenerate import Generation, GenerationCache, Request, regenerate_rows
+from eagle3_pipeline.data.regenerate import (
+    Generation,
+    GenerationCache,
+    OnResult,
+    Request,
+    regenerate_rows,
+)
 from eagle3_pipeline.data.source_size import count_records
 from eagle3_pipeline.preflight.view import PreflightInputs
 
@@ -275,14 +280,11 @@ class OwnAnswers:
     def __init__(self) -> None:
         self.requests: list[Request] = []
 
-    def generate(self, requests: list[Request], on_done: Callable[[int], None]) -> list[Any]:
-        out = []
-        for r in requests:
+    def generate(self, requests: list[Request], on_result: OnResult) -> None:
+        for k, r in enumerate(requests):
             self.requests.append(r)
             ids = [ord(c) for c in f"own-{len(self.requests)}"] + EOT
-            out.append(Generation(r.prompt_ids, ids))
-        on_done(len(requests))
-        return out
+            on_result(k, Generation(r.prompt_ids, ids))
 
     def fingerprint(self) -> dict[str, Any]:
         return {"backend": self.name}

@@ -63,10 +63,17 @@ class Failure:
 Result = Generation | Failure
 
 
+OnResult = Callable[[int, Result], None]
+
+
 class Backend(Protocol):
+    """Generates a round's requests. ``on_result(k, result)`` is called in the caller's
+    thread as soon as ``requests[k]`` is finished, once per request: the loop caches each
+    answer then, so an interrupted round keeps every answer it already has."""
+
     name: str
 
-    def generate(self, requests: list[Request], on_done: Callable[[int], None]) -> list[Result]: ...
+    def generate(self, requests: list[Request], on_result: OnResult) -> None: ...
 
     def fingerprint(self) -> dict[str, Any]: ...
 
@@ -280,13 +287,25 @@ class _Rounds:
         return pending, results
 
     def generate(self, pending: list[tuple[int, Request]], results: dict[int, Result]) -> None:
-        out = self.backend.generate([r for _, r in pending], self.bar.update)
-        self.stats.requests += len(pending)
-        for (i, req), res in zip(pending, out, strict=True):
+        """Generate ``pending``; each answer is cached as it arrives (a round on a large
+        target can take hours, and a crash must not lose the part already done)."""
+
+        def finished(k: int, res: Result) -> None:
+            i, req = pending[k]
             results[i] = res
+            self.stats.requests += 1
+            self.bar.update(1)
             if isinstance(res, Generation):
                 self.cache.put(req.messages, res)
                 self.stats.prompt_mismatch += res.prompt_ids != req.prompt_ids
+
+        self.backend.generate([r for _, r in pending], finished)
+        missing = [i for i, _ in pending if i not in results]
+        if missing:
+            raise RuntimeError(
+                f"the {self.backend.name} backend returned no result for {len(missing)} of "
+                f"{len(pending)} requests (conversation {self.convs[missing[0]]['id']})"
+            )
 
     def advance(self, rnd: int, results: dict[int, Result]) -> list[int]:
         """Record turn ``rnd``'s answers; return the conversations with a next turn (a

@@ -7,11 +7,10 @@ padding; the results are put back in request order.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline.data.regenerate import Generation, Request, Result
+from eagle3_pipeline.data.regenerate import Generation, OnResult, Request
 
 
 class HFBackend:
@@ -51,10 +50,9 @@ class HFBackend:
             "dtype": str(next(self.model.parameters()).dtype),
         }
 
-    def generate(self, requests: list[Request], on_done: Callable[[int], None]) -> list[Result]:
+    def generate(self, requests: list[Request], on_result: OnResult) -> None:
         import torch
 
-        results: list[Result | None] = [None] * len(requests)
         order = sorted(range(len(requests)), key=lambda i: len(requests[i].prompt_ids))
         for start in range(0, len(order), self.batch_size):
             batch = order[start : start + self.batch_size]
@@ -77,6 +75,4 @@ class HFBackend:
             for k, i in enumerate(batch):
                 gen = out[k, width:].tolist()
                 end = next((n for n, t in enumerate(gen) if t in self.eot_ids), None)
-                results[i] = Generation(list(prompts[k]), gen if end is None else gen[: end + 1])
-            on_done(len(batch))
-        return [r for r in results if r is not None]
+                on_result(i, Generation(list(prompts[k]), gen if end is None else gen[: end + 1]))

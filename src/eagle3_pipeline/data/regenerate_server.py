@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from eagle3_pipeline.data.regenerate import Failure, Generation, Request, Result
+from eagle3_pipeline.data.regenerate import Failure, Generation, OnResult, Request, Result
 from eagle3_pipeline.serving.identity import ExpectedModel, ServerUnreachable, verify_server
 from eagle3_pipeline.serving.server import VllmServer, engine_server
 
@@ -139,15 +139,16 @@ class ServerBackend:
             return parse_completion(data)
         return failure
 
-    def generate(self, requests: list[Request], on_done: Callable[[int], None]) -> list[Result]:
-        def one(r: Request) -> Result:
-            try:
-                return self.request(r.messages)
-            finally:
-                on_done(1)
-
-        with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
-            return list(pool.map(one, requests))
+    def generate(self, requests: list[Request], on_result: OnResult) -> None:
+        """``concurrency`` requests in flight; each result is handed over in this thread
+        as it completes (the cache is written by one thread only)."""
+        pool = ThreadPoolExecutor(max_workers=self.concurrency)
+        try:
+            futures = {pool.submit(self.request, r.messages): k for k, r in enumerate(requests)}
+            for fut in as_completed(futures):
+                on_result(futures[fut], fut.result())
+        finally:  # on Ctrl-C, drop the queued requests rather than send them all first
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 def parse_completion(data: Any) -> Result:
