@@ -213,5 +213,6 @@ def _new_items(
         if row in done:
             continue
         n = len(seqs[b])
-        items.append((row, torch.from_numpy(seqs[b]), hs[b, :n]))
+        # a copy: the dataset's arrays are read-only views, which from_numpy warns about
+        items.append((row, torch.tensor(seqs[b]), hs[b, :n]))
     return items
