@@ -143,32 +143,19 @@ class _StopsAfter:
 
 def test_an_interrupted_round_keeps_the_batches_it_finished(target, convs, hf_rows, tmp_path):
     model_dir, tok, eot, model = target
-    interrupted = HFBackend(
-        model_dir, eot, tok.pad_token_id, MAX_NEW, 2, model=_StopsAfter(model, 1)
-    )
-    with pytest.raises(KeyboardInterrupt):
-        regenerate_rows(
-            convs,
-            interrupted,
-            tok,
-            eot,
-            512,
-            cache=GenerationCache(tmp_path / "c.jsonl"),
-            progress=False,
-            markers=THINK,
+
+    def run(backend: HFBackend):
+        cache = GenerationCache(tmp_path / "c.jsonl")
+        return regenerate_rows(
+            convs, backend, tok, eot, 512, cache=cache, progress=False, markers=THINK
         )
+
+    stops = _StopsAfter(model, 1)
+    with pytest.raises(KeyboardInterrupt):
+        run(HFBackend(model_dir, eot, tok.pad_token_id, MAX_NEW, 2, model=stops))
     # the first batch of round 0 (two requests) was written before the interrupt
     assert len(GenerationCache(tmp_path / "c.jsonl").entries) == 2
-    rows, stats = regenerate_rows(
-        convs,
-        _hf(target),
-        tok,
-        eot,
-        512,
-        cache=GenerationCache(tmp_path / "c.jsonl"),
-        progress=False,
-        markers=THINK,
-    )
+    rows, stats = run(_hf(target))
     assert stats.cached == 2 and stats.requests == len(rows) - 2
     assert [r.completion for r in rows] == [r.completion for r in hf_rows[0]]
 
