@@ -2,7 +2,7 @@
 
 Why left padding and sorting by prompt length: every prompt of a batch must end at the
 same column for ``generate`` to append after it, and similar lengths waste the least
-padding; the results are put back in request order.
+padding; each result is handed back with its request's index.
 """
 
 from __future__ import annotations
