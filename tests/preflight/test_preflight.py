@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cpus import EPYC, XEON_AMX
 from machines import BLACKWELL, cfg_for, rtx
 
 from eagle3_pipeline.core.config import Config
@@ -59,6 +60,7 @@ def run(cfg: Config, gpus: list[GpuInfo], env: dict[str, str] | None = None, **k
     kw.setdefault("free_fn", lambda p: PLENTY)
     kw.setdefault("versions", dict(VERSIONS))
     kw.setdefault("vllm_probe", vllm_build(cfg.hardware.device == "cpu"))
+    kw.setdefault("cpu_probe", lambda: EPYC)
     return run_preflight(PreflightInputs.from_config(cfg), reader=MemoryReader(gpus), env=env, **kw)
 
 
@@ -330,12 +332,16 @@ def test_cpu_mode_passes_for_the_cpu_profile(
         versions=VERSIONS,
         vllm_probe=vllm_build(cpu=True),
         attention_probe=selector,
+        cpu_probe=lambda: XEON_AMX,
     )
-    assert res.passed and res.mode == "cpu" and res.inventory == {"mode": "cpu"}
+    assert res.passed and res.mode == "cpu"
+    assert res.inventory == {"mode": "cpu", "cpu_bf16": "amx"}
+    assert res.metrics.cpu == XEON_AMX
     assert [c.name for c in res.checks] == [
         "target",
         "data",
         "driver",
+        "cpu",
         "packages",
         "disk",
         "vllm",
@@ -401,6 +407,7 @@ def test_cpu_mode_fails_when_the_profile_expects_gpus(tmp_path):
         free_fn=lambda p: PLENTY,
         versions=VERSIONS,
         vllm_probe=vllm_build(cpu=False),
+        cpu_probe=lambda: EPYC,
     )
     assert failed(res) == {
         "driver": [
@@ -408,13 +415,13 @@ def test_cpu_mode_fails_when_the_profile_expects_gpus(tmp_path):
             "expects 8 GPU(s): run on the GPU machine or pass hardware=cpu"
         ]
     }
-    assert res.inventory == {"mode": "cpu"}
+    assert res.inventory == {"mode": "cpu", "cpu_bf16": "none"}
 
 
 def test_cpu_profile_on_a_gpu_machine_runs_on_cpu(tmp_path):
     busy = rtx(0, used=50_000, procs=(GpuProcess(1, "x", 50_000),))
     res = run(cfg_for(tmp_path), [busy])
-    assert res.passed and res.inventory == {"mode": "cpu"}
+    assert res.passed and res.inventory == {"mode": "cpu", "cpu_bf16": "none"}
 
 
 # --------------------------------------------------------------------------- the stage
@@ -463,7 +470,10 @@ def test_stage_writes_outputs_and_exit_codes(tmp_path, monkeypatch):
     main(["--conf-dir", str(CONF), "validate.vllm=false"])  # cpu profile: passes
     inv = json.loads((tmp_path / "data/preflight/inventory.json").read_text())
     metrics = json.loads((tmp_path / "metrics/details/preflight.json").read_text())
-    assert inv == {"mode": "cpu"}
+    # this machine's own CPU: whatever it reports, the inventory names it and the details
+    # hold the reading (the branches are tested on stated CPUs in tests/runtime/test_cpu.py)
+    assert inv == {"mode": "cpu", "cpu_bf16": metrics["cpu"]["bf16"]}
+    assert metrics["checks"]["cpu"]["passed"] is True
     assert metrics["passed"] is True and metrics["checks"]["disk"]["passed"] is True
     assert metrics["packages"]["torch"] == importlib.metadata.version("torch")
     assert "vllm" not in metrics["checks"] and metrics["vllm"] is None

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from cpus import EPYC
+
 from eagle3_pipeline.data.record import PrepareRecord
 from eagle3_pipeline.draft.shape import DraftShape
 from eagle3_pipeline.extract.record import (
@@ -39,6 +41,7 @@ def preflight_record(**overrides: Any) -> PreflightRecord:
         cuda_device_order=None,
         gpu_count_visible=0,
         gpus=[],
+        cpu=EPYC,
         torch=None,
         packages={"torch": "2.9.0"},
         disk=None,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from eagle3_pipeline.core.records import Record, headline
+from eagle3_pipeline.runtime.cpu import CpuReading
 from eagle3_pipeline.runtime.gpu import GpuReading, GpuSnapshot
 
 
@@ -88,6 +89,7 @@ class PreflightRecord(Record):
     cuda_device_order: str | None  # CUDA_DEVICE_ORDER as the stage saw it
     gpu_count_visible: int  # GPUs the run would use
     gpus: list[GpuReading]  # per visible GPU: NVML's reading (uuid, memory, processes)
+    cpu: CpuReading  # the CPU: its model, bf16 flags, torch's report, native bf16 or none
     torch: TorchView | None  # torch's view of CUDA, None when not asked (cpu mode)
     packages: dict[str, str | None]  # installed version per package checked
     # the disk need vs free space (DiskUnknown: it cannot be estimated), None when the

@@ -16,6 +16,7 @@ from eagle3_pipeline.core.io import atomic_write_json
 from eagle3_pipeline.core.metrics import write_stage_metrics
 from eagle3_pipeline.preflight.record import PreflightRecord
 from eagle3_pipeline.preflight.view import PreflightInputs
+from eagle3_pipeline.runtime.cpu import CpuReading
 from eagle3_pipeline.runtime.gpu import VisibleGpu
 
 
@@ -50,11 +51,13 @@ class PreflightResult:
         return [p for c in self.checks for p in c.problems]
 
 
-def inventory(mode: str, visible: list[VisibleGpu]) -> dict[str, Any]:
+def inventory(mode: str, visible: list[VisibleGpu], cpu: CpuReading) -> dict[str, Any]:
     """Profile-level facts only (no UUIDs, driver versions or readings): identical nodes
-    and reruns with other memory use produce the same file and share DVC's cache."""
+    and reruns with other memory use produce the same file and share DVC's cache. A CPU
+    run names the CPU's native bf16 capability (what precision a CPU run can afford), not
+    the CPU's model: two CPUs of one capability share the cache."""
     if mode == "cpu":
-        return {"mode": "cpu"}
+        return {"mode": "cpu", "cpu_bf16": cpu.bf16}
     groups: dict[tuple[str, int, str], int] = {}
     for v in visible:
         key = (v.info.name, v.info.memory_total_mib, v.info.cc_str)

@@ -41,6 +41,7 @@ from eagle3_pipeline.preflight.software import (
 )
 from eagle3_pipeline.preflight.target import check_target_files
 from eagle3_pipeline.preflight.view import PreflightInputs
+from eagle3_pipeline.runtime.cpu import CpuReading, read_this_cpu
 from eagle3_pipeline.runtime.gpu import (
     GpuError,
     GpuSnapshot,
@@ -102,13 +103,19 @@ def run_preflight(
     open_nvml: Callable[[], NvmlReader] = open_reader,
     vllm_probe: Callable[[PreflightInputs], Any] = probe_vllm,
     attention_probe: Callable[[Any, list[dict[str, Any]]], Any] | None = None,
+    cpu_probe: Callable[[], CpuReading] = read_this_cpu,
 ) -> PreflightResult:
     """All checks. ``reader`` None: open the real NVML (absent driver -> CPU mode)."""
     env = os.environ if env is None else env
     hw = cfg.hardware
     machine = _read_machine(reader, open_nvml, env)
     visible = machine.visible
-    checks = [check_driver(cfg, machine.no_driver, len(visible)), *machine.checks]
+    cpu = cpu_probe()
+    checks = [
+        check_driver(cfg, machine.no_driver, len(visible)),
+        Check("cpu", True, cpu.describe()),
+        *machine.checks,
+    ]
     use_gpus = hw.device == "cuda" and machine.no_driver is None
     view: TorchView | None = None
     if use_gpus:
@@ -145,6 +152,7 @@ def run_preflight(
         cuda_device_order=env.get("CUDA_DEVICE_ORDER"),
         gpu_count_visible=len(visible),
         gpus=[gpu_reading(v) for v in visible],
+        cpu=cpu,
         torch=view,
         packages=vers,
         disk=disk_info,
@@ -155,7 +163,7 @@ def run_preflight(
     return PreflightResult(
         checks,
         mode,
-        inventory(mode, visible),
+        inventory(mode, visible, cpu),
         metrics,
         cfg.preflight.strict,
         visible,
