@@ -129,6 +129,7 @@ class DraftTrainer:
         source = None
         if p.init_dir is not None:  # warm start: the source's weights and vocabulary
             source = warm_start.load_source(p.init_dir, target_model_dir(p.spec))
+            held = warm_start.weight_shapes(p.init_dir)  # the frozen tensors it has
             d2t, t2d = warm_start.vocab(source)
         else:
             freq = load_token_freq(p.paths.prepared / "token_freq.pt")
@@ -151,7 +152,7 @@ class DraftTrainer:
             options=self.t.draft,
         )
         if source is not None:
-            n = warm_start.copy_weights(model, source)
+            n = warm_start.copy_weights(model, source, held)
             where = p.init.path if p.init is not None else p.init_dir
             log.info("warm start: %d tensors from %s", n, where)
             del source

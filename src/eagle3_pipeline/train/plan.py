@@ -93,12 +93,13 @@ def plan_training(cfg: TrainInputs, paths: TrainPaths | None = None) -> TrainPla
     init, init_dir = None, None
     if cfg.train.init_from:
         init = describe(cfg.train.init_from)
-        init_dir = speculators_dir(init, tdir, paths.state, spec)
+        # checked in the source's own format, before an original one is converted
         check_compatible(
-            init.path,
-            source_layout(init_dir),
+            init,
+            source_layout(init, spec.num_layers),
             run_layout(shape, spec, cfg.train.draft_vocab_size, cfg.train.draft),
         )
+        init_dir = speculators_dir(init, tdir, paths.state, spec)
     fp = fingerprint(cfg, spec, shape, n_rows, runtime, "online" if online else "offline", init)
     return TrainPlan(
         spec, shape, runtime, paths, n_rows, required, fp, reason, online, init, init_dir
