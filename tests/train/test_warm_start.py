@@ -230,8 +230,8 @@ def write_original(made: Path, out: Path, draft_vocab: int) -> Path:
     weights = {k.replace("layers.0.", "midlayer."): v for k, v in tensors(made).items()}
     weights.pop("embed_tokens.weight")  # SafeAILab's trainer does not save it
     save_file(weights, str(out / "model.safetensors"))
-    keys = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads")
-    keys += ("head_dim", "rms_norm_eps", "max_position_embeddings", "vocab_size")
+    keys = ["hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads"]
+    keys += ["head_dim", "rms_norm_eps", "max_position_embeddings", "vocab_size"]
     config = {
         "architectures": ["LlamaForCausalLMEagle3"],
         "model_type": "llama",
