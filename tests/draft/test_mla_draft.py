@@ -234,3 +234,39 @@ def test_saved_as_vllm_serves_it_validated_and_reloaded(tiny_target: Path, tmp_p
     (out / "config.json").write_text(json.dumps(bad))
     codes = {f.code for f in validate_checkpoint(out, spec, reload=False).errors}
     assert {"model-type", "mla-option", "aux-ids-missing"} <= codes
+
+
+def test_a_target_without_a_query_low_rank_gets_a_draft_vllm_loads(
+    tiny_target: Path, tmp_path: Path
+) -> None:
+    """``q_lora_rank: null`` on the target: the draft still has a query low rank
+    (min(kv_lora_rank, hidden)), because vLLM's deepseek_eagle3 loads kv_a_proj_with_mqa
+    only into the fused projection a q_lora_rank builds; saved, it passes the validator
+    (which refuses the one-q_proj form: tests/validate/test_checkpoint.py)."""
+    from eagle3_pipeline.draft.shape import build_draft, estimate_parameters, resolve_draft_shape
+    from eagle3_pipeline.targets.adapter import load_target_spec
+    from eagle3_pipeline.train.save import save_draft
+    from eagle3_pipeline.validate.checkpoint import validate_checkpoint
+
+    spec = load_target_spec(tiny_target / "data/target/target.json")
+    model_dir = tiny_target / "data/target" / Path(spec.path or "").name
+    assert spec.mla is not None
+    target_mla = dataclasses.replace(spec.mla, q_lora_rank=None)
+    spec = dataclasses.replace(spec, path=str(model_dir), mla=target_mla)
+    options = DraftShapeConfig(layer_type=DraftLayerType.mla)
+    shape = resolve_draft_shape(options, spec)
+    assert shape.mla == dataclasses.replace(target_mla, q_lora_rank=spec.hidden_size)  # < 512
+    dv = 512
+    d2t = torch.arange(dv) * 2 - torch.arange(dv)
+    t2d = torch.zeros(spec.vocab_size, dtype=torch.bool)
+    t2d[torch.arange(dv) * 2] = True
+    model = build_draft(spec, shape, 3, dv, d2t, t2d, model_dir, "sdpa", options=options)
+    attn = model.layers[0].self_attn
+    assert attn.q_a_proj.weight.shape == (spec.hidden_size, 2 * spec.hidden_size)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert trainable == estimate_parameters(shape, 3, dv, spec.vocab_size, options)[0]
+    out = tmp_path / "draft"
+    config = save_draft(model, out, 3)
+    assert config["q_lora_rank"] == spec.hidden_size
+    report = validate_checkpoint(out, spec, verifier_dir=model_dir)
+    assert not report.errors, [str(f) for f in report.errors]

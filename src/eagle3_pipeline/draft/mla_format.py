@@ -16,7 +16,10 @@ an int field (``n_routed_experts``) fails transformers' strict config check, so 
 the fields below are written. vLLM's MLA draft has no ``norm_before_fc``.
 
 The weights are speculators' own names (``layers.0.self_attn.q_a_proj.weight``, ...),
-which vLLM maps itself (``q_a_proj`` + ``kv_a_proj_with_mqa`` into ``fused_qkv_a_proj``).
+which vLLM maps itself (``q_a_proj`` + ``kv_a_proj_with_mqa`` into ``fused_qkv_a_proj``,
+whatever the config's ``q_lora_rank``: so an MLA draft always has one, see
+``draft/shape.py``). vLLM's MLA draft drops no tensor it has no parameter for (no
+``input_norm``, no ``mask_hidden``, no ``d2t`` when the draft vocabulary is the target's).
 """
 
 from __future__ import annotations

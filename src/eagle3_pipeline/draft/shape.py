@@ -18,7 +18,7 @@ Nothing here imports speculators or torch at module import time.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -128,7 +128,15 @@ def _mla_layer_dims(draft: DraftShapeConfig, spec: TargetSpec) -> MlaDims | None
     """An MLA draft layer copies its target's latent sizes (vLLM picks the MLA kernel by
     them; on the CPU build the target and its draft must share CPU_MLA and its block size
     of 16). Refused for a target without MLA, and with a head_dim or kv-head override,
-    which MLA has no use for."""
+    which MLA has no use for.
+
+    The query's low rank is the one size the draft does not always copy: vLLM 0.32's
+    ``deepseek_eagle3`` renames ``kv_a_proj_with_mqa`` to ``fused_qkv_a_proj``
+    unconditionally, and ``DeepseekV2MLAAttention`` builds that fused projection only when
+    ``q_lora_rank`` is set -- a draft with one full ``q_proj`` cannot load. So for a target
+    without a query low rank (``q_lora_rank: null``) the draft gets one of its own
+    (:func:`draft_q_lora_rank`); the draft's query path is trained from scratch either way.
+    """
     if not DRAFT_LAYERS[str(draft.layer_type)].mla:
         return None
     if spec.mla is None:
@@ -143,7 +151,17 @@ def _mla_layer_dims(draft: DraftShapeConfig, spec: TargetSpec) -> MlaDims | None
                 f"train.draft.{key}={getattr(draft, key)}: an MLA draft layer takes its "
                 "head sizes from the target's latent attention; leave it null"
             )
+    if spec.mla.q_lora_rank is None:
+        return replace(spec.mla, q_lora_rank=draft_q_lora_rank(spec.mla, spec.hidden_size))
     return spec.mla
+
+
+def draft_q_lora_rank(target: MlaDims, hidden_size: int) -> int:
+    """The query low rank of an MLA draft whose target has none: the keys' and values'
+    latent width (``kv_lora_rank``), at most the residual stream's width. DeepSeek-V2-Lite
+    (hidden 2048, kv 512) gets 512; the tiny Kimi with ``q_lora_rank=null`` (hidden 128)
+    gets 128, fewer weights than the full ``q_proj`` it replaces."""
+    return min(target.kv_lora_rank, hidden_size)
 
 
 def estimate_parameters(
