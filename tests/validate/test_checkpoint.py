@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import torch
+from loader_rules import RULES, LoaderRule, apply
 from safetensors.torch import load_file, save_file
 
 from eagle3_pipeline.core.config import ModelConfig
@@ -122,6 +123,67 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
     return Built(target_dir, spec, root / "train" / "0", model)
 
 
+def build_mla_draft(target_dir: Path) -> Any:
+    """An Eagle3DraftModel with this pipeline's MLA layer (draft/mla.py) over the tiny Llama
+    target: the validator's MLA rules read the saved form, not the target's attention."""
+    from speculators.config import SpeculatorsConfig, VerifierConfig
+    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+    from speculators.proposals.greedy import GreedyTokenProposalConfig
+    from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
+
+    from eagle3_pipeline.draft import mla
+
+    mla.register()
+    layer = mla.layer_config(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=128,
+        num_layers=1,
+        num_attention_heads=4,
+        q_lora_rank=16,
+        kv_lora_rank=32,
+        qk_nope_head_dim=8,
+        qk_rope_head_dim=8,
+        v_head_dim=8,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=256,
+        rope={"rope_theta": 10000.0},
+    )
+    layer.num_aux_hidden_states = len(AUX)
+    layer._attn_implementation = "sdpa"
+    config = Eagle3SpeculatorConfig(
+        transformer_layer_config=layer,
+        draft_vocab_size=DRAFT_VOCAB,
+        norm_before_residual=True,
+        eagle_aux_hidden_state_layer_ids=list(AUX),
+        target_hidden_size=HIDDEN,
+        speculators_config=SpeculatorsConfig(
+            algorithm="eagle3",
+            proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=K)],
+            default_proposal_method="greedy",
+            verifier=VerifierConfig.from_pretrained(str(target_dir)),
+        ),
+    )
+    torch.manual_seed(1)
+    model = Eagle3DraftModel(config)
+    freq = {i: 10_000 - i for i in range(0, VOCAB, 3)}
+    d2t, t2d = build_vocab_mappings_from_distribution(freq, DRAFT_VOCAB, VOCAB)
+    model.load_vocab_mappings(t2d, d2t)
+    model.load_verifier_weights()
+    return model
+
+
+@pytest.fixture(scope="module")
+def built_mla(built: Built, tmp_path_factory: pytest.TempPathFactory) -> Built:
+    """An MLA draft saved as the train stage saves it (vLLM's plain DeepSeek config)."""
+    from eagle3_pipeline.train.save import save_draft
+
+    out = tmp_path_factory.mktemp("mla") / "draft"
+    model = build_mla_draft(built.target_dir)
+    save_draft(model, out, K)
+    return Built(built.target_dir, built.spec, out, model)
+
+
 def variant(
     built: Built,
     tmp_path: Path,
@@ -220,7 +282,7 @@ def test_wrong_shape(built: Built, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["layers.0.self_attn.rotary_emb.inv_freq", "verifier_lm_head.weight"]
+    "name", ["layers.0.self_attn.k_proj.bias", "verifier_lm_head.weight", "layers.0.foo.weight"]
 )
 def test_unknown_tensor(built: Built, tmp_path: Path, name: str) -> None:
     def add(sd: dict[str, torch.Tensor]) -> None:
@@ -228,6 +290,83 @@ def test_unknown_tensor(built: Built, tmp_path: Path, name: str) -> None:
 
     where = errors(check(variant(built, tmp_path, tensors=add), built), "tensor-unknown")
     assert where == [f"model.safetensors:{name}"]
+
+
+def test_rotary_buffers_are_dropped_like_vllm(built: Built, tmp_path: Path) -> None:
+    """vLLM's AutoWeightsLoader drops saved rotary buffers by name: a warning, not a refusal."""
+    name = "layers.0.self_attn.rotary_emb.inv_freq"
+
+    def add(sd: dict[str, torch.Tensor]) -> None:
+        sd[name] = torch.ones(4)
+
+    report = check(variant(built, tmp_path, tensors=add), built)
+    assert report.ok, report.format()
+    assert [f.where for f in report.warnings if f.code == "tensor-unknown"] == [
+        f"model.safetensors:{name}"
+    ]
+
+
+# --------------------------------------------------------------------------- vLLM's loaders
+
+
+def test_mla_draft_passes_with_reload(built_mla: Built) -> None:
+    report = validate_checkpoint(built_mla.draft_dir, built_mla.spec)
+    assert report.ok, report.format()
+
+
+@pytest.mark.parametrize("rule", RULES, ids=[r.id for r in RULES])
+def test_what_vllms_loader_refuses_the_validator_refuses(
+    built: Built, built_mla: Built, tmp_path: Path, rule: LoaderRule
+) -> None:
+    """Each defect of tests/support/loader_rules.py (the slow tier shows real vLLM refusing
+    the same defects: tests/serving/test_vllm_loader_rules.py)."""
+    base = built_mla if rule.layout == "mla" else built
+    path = tmp_path / "draft"
+    shutil.copytree(base.draft_dir, path)
+    apply(rule, path)
+    report = check(path, base)
+    found = [f for f in report.errors if f.code == rule.code and rule.where in f.where]
+    assert found, report.format()
+
+
+def test_the_llama_loader_skips_what_the_mla_loader_refuses(built: Built, tmp_path: Path) -> None:
+    """vLLM's llama draft drops input_norm (norm_before_fc off) and skips mask_hidden (no
+    parallel drafting); its MLA draft refuses both (see the rules above)."""
+    path = tmp_path / "draft"
+    shutil.copytree(built.draft_dir, path)
+    for rule in RULES:
+        if rule.id in ("mla-input-norm", "mla-mask-hidden"):
+            apply(rule, path)
+    report = check(path, built)
+    assert report.ok, report.format()
+    assert [f.where for f in report.warnings if f.code == "tensor-unknown"] == [
+        "model.safetensors:mask_hidden"
+    ]
+
+
+def test_a_full_vocabulary_draft_without_d2t_passes(built_mla: Built, tmp_path: Path) -> None:
+    """The form vLLM loads a whole-vocabulary draft in: no d2t (speculators saves none)."""
+
+    def no_maps(config: dict[str, Any], sd: dict[str, torch.Tensor]) -> None:
+        full = next(r for r in RULES if r.id == "mla-full-vocab-d2t")
+        full.defect(config, sd)
+        del sd["d2t"], sd["t2d"]
+
+    path = tmp_path / "draft"
+    shutil.copytree(built_mla.draft_dir, path)
+    apply(no_maps, path)
+    report = check(path, built_mla)
+    assert report.ok, report.format()
+
+
+def test_mla_aux_count_is_read_from_the_top_level(built_mla: Built, tmp_path: Path) -> None:
+    """vLLM's MLA draft sizes fc for num_aux_hidden_states (top level), else for 3."""
+    path = tmp_path / "draft"
+    shutil.copytree(built_mla.draft_dir, path)
+    config = json.loads((path / "config.json").read_text())
+    config["num_aux_hidden_states"] = 2
+    (path / "config.json").write_text(json.dumps(config))
+    assert errors(check(path, built_mla), "aux-count") == ["config.json:num_aux_hidden_states"]
 
 
 def test_d2t_must_be_int64(built: Built, tmp_path: Path) -> None:

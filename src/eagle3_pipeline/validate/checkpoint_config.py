@@ -331,11 +331,15 @@ def _check_layer_dims(report: Report, tlc: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _optional_int(report: Report, tlc: dict[str, Any], key: str, default: Any) -> Any:
-    """``tlc[key]`` (or ``default``) when it is an int or absent; else an error and None."""
+def _optional_int(
+    report: Report, tlc: dict[str, Any], key: str, default: Any, where: str = TLC
+) -> Any:
+    """``tlc[key]`` (or ``default``) when it is an int or absent; else an error and None.
+    ``where``: the dict's path in config.json ("" for the top level)."""
     value = tlc.get(key, default)
     if value is not None and not is_int(value):
-        report.error("field-type", f"config.json:{TLC}.{key}", f"must be an int, got {value!r}")
+        path = f"{where}.{key}" if where else key
+        report.error("field-type", f"config.json:{path}", f"must be an int, got {value!r}")
         return None
     return value
 
@@ -377,14 +381,17 @@ def check_target_hidden(report: Report, config: dict[str, Any], hidden: int | No
     return target_hidden
 
 
-def _check_aux_count(report: Report, tlc: dict[str, Any], aux: list[int] | None) -> int:
+def check_aux_count(
+    report: Report, tlc: dict[str, Any], aux: list[int] | None, where: str = TLC
+) -> int:
     """How many aux states fc is sized for; must agree with the aux ids.
 
     vLLM's llama draft reads num_aux_hidden_states from the layer config (the speculators
-    path does not copy the aux ids into eagle_config), default 3.
+    path does not copy the aux ids into eagle_config), default 3; its MLA draft reads it
+    from the top level of its plain config (``where=""``), default 3 as well.
     """
     n_aux = len(aux) if aux is not None else None
-    nah = _optional_int(report, tlc, "num_aux_hidden_states", None)
+    nah = _optional_int(report, tlc, "num_aux_hidden_states", None, where)
     vllm_n_aux = nah if nah is not None else VLLM_DEFAULT_NUM_AUX
     report.facts["vllm_num_aux"] = vllm_n_aux
     if n_aux is not None and vllm_n_aux != n_aux:
@@ -393,12 +400,13 @@ def _check_aux_count(report: Report, tlc: dict[str, Any], aux: list[int] | None)
             if nah is not None
             else f"no num_aux_hidden_states, so vLLM assumes {VLLM_DEFAULT_NUM_AUX}"
         )
+        key = f"{where}.num_aux_hidden_states" if where else "num_aux_hidden_states"
         report.error(
             "aux-count",
-            f"config.json:{TLC}.num_aux_hidden_states",
+            f"config.json:{key}",
             f"{how}, but eagle_aux_hidden_state_layer_ids has {n_aux} ids: vLLM would size fc "
             f"for {vllm_n_aux} aux states and fail (or mis-read) fc.weight; write "
-            f"{TLC}.num_aux_hidden_states={n_aux}",
+            f"{key}={n_aux}",
         )
     return n_aux if n_aux is not None else vllm_n_aux
 
@@ -421,7 +429,7 @@ def check_config(report: Report, config: dict[str, Any]) -> CheckpointShape | No
     layer_type = _check_layer_type(report, tlc)
     dims = _check_layer_dims(report, tlc)
     target_hidden = check_target_hidden(report, config, dims["hidden"])
-    n_aux = _check_aux_count(report, tlc, aux)
+    n_aux = check_aux_count(report, tlc, aux)
 
     if (
         any(v is None for v in dims.values())

@@ -4,8 +4,11 @@ from a plain DeepSeek config (``draft/mla_format.py`` writes it; read from vLLM 
 The traps: ``architectures`` must name a class vLLM prefixes to
 ``Eagle3DeepseekV2ForCausalLM`` (or name that class); ``model_type: deepseek_v3`` is
 rewritten to ``deepseek_mtp`` and does not resolve; without
-``eagle_aux_hidden_state_layer_ids`` vLLM taps the target's default layers; vLLM defaults
-``norm_before_residual`` to False; a ``norm_before_fc`` is ignored (no such norm there).
+``eagle_aux_hidden_state_layer_ids`` vLLM taps the target's default layers, and without
+``num_aux_hidden_states`` it sizes ``fc`` for 3 of them; vLLM defaults
+``norm_before_residual`` to False; a ``norm_before_fc`` is ignored (no such norm there);
+``q_lora_rank: null`` cannot load (``kv_a_proj_with_mqa`` is always renamed into the
+``fused_qkv_a_proj`` that only a q_lora_rank builds).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from eagle3_pipeline.draft.mla_format import MLA_FIELDS, PIPELINE_KEY, SERVED_AR
 from eagle3_pipeline.targets.adapter import MlaDims
 from eagle3_pipeline.validate.checkpoint_config import (
     CheckpointShape,
+    check_aux_count,
     check_aux_ids,
     check_draft_vocab,
     check_flags,
@@ -54,6 +58,7 @@ def check_mla_config(report: Report, config: dict[str, Any]) -> CheckpointShape 
             "vLLM's MLA draft has no norm before fc: it would be dropped at serve time",
         )
     aux = check_aux_ids(report, config)
+    n_aux = check_aux_count(report, config, aux, where="")
     dims = {
         key: require_field(report, config, src, src, "int")
         for key, src in (
@@ -82,7 +87,7 @@ def check_mla_config(report: Report, config: dict[str, Any]) -> CheckpointShape 
         head_dim=qk,
         target_hidden=target_hidden,
         draft_vocab=draft_vocab,
-        n_aux=len(aux),
+        n_aux=n_aux,
         layer_type="mla",
         fc_norm=config.get("fc_norm") is True,
         mla=mla,
@@ -118,6 +123,15 @@ def _mla_dims(report: Report, config: dict[str, Any]) -> MlaDims | None:
     q_lora = config.get("q_lora_rank")  # null: one q projection, no low rank
     if q_lora is not None:
         q_lora = require_field(report, config, "q_lora_rank", "q_lora_rank", "int")
+    else:
+        report.error(
+            "mla-q-lora",
+            "config.json:q_lora_rank",
+            f"{q_lora!r}: vLLM's deepseek_eagle3 loads kv_a_proj_with_mqa into "
+            "fused_qkv_a_proj, which DeepseekV2MLAAttention builds only with a q_lora_rank, "
+            "so the load fails; an MLA draft needs a query low rank (this pipeline gives "
+            "one to every MLA draft)",
+        )
     kv, nope, rope, v = (require_field(report, config, key, key, "int") for key in MLA_FIELDS[1:])
     if None in (kv, nope, rope, v) or (config.get("q_lora_rank") is not None and q_lora is None):
         return None

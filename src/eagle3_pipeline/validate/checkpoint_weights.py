@@ -1,4 +1,5 @@
-"""The weight rules: the tensor names, shapes and dtypes vLLM's ``llama_eagle3`` loads.
+"""The weight rules: the tensor names, shapes and dtypes vLLM's ``llama_eagle3`` (and, for
+an MLA draft, ``deepseek_eagle3``) loads.
 
 vLLM leaves a parameter the checkpoint lacks uninitialised without a word and fails the
 load on a name it has no parameter for, so both directions are checked against the
@@ -24,6 +25,13 @@ from eagle3_pipeline.validate.checkpoint_report import Report
 VLLM_RENAMES = (("midlayer.", "layers.0."),)
 # Saved by older speculators / other trainers, rejected by vLLM as unknown parameters.
 TRAINING_ONLY_TENSORS = ("verifier_lm_head.weight", "verifier_norm.weight")
+# Rotary buffers some trainers save: vLLM's AutoWeightsLoader drops them by name.
+VLLM_DROPPED_SUFFIXES = (
+    "rotary_pos_emb.inv_freq",
+    "rotary_emb.inv_freq",
+    "rotary_emb.cos_cached",
+    "rotary_emb.sin_cached",
+)
 
 FLOAT_DTYPES = ("F32", "F16", "BF16")
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -141,20 +149,21 @@ def expected_tensors(shape: CheckpointShape) -> tuple[Expected, set[str]]:
         "embed_tokens.weight": ([shape.vocab, h], "float"),
         "t2d": ([shape.vocab], "bool"),
     }
-    # d2t is needed only when the draft vocabulary is a subset of the target's.
-    (req if shape.draft_vocab != shape.vocab else optional)["d2t"] = (
-        [shape.draft_vocab],
-        "int64",
-    )
+    # d2t is needed when the draft vocabulary is a subset of the target's, and refused
+    # when it is the whole vocabulary: vLLM then builds no draft_id_to_target_id.
+    if shape.draft_vocab != shape.vocab:
+        req["d2t"] = ([shape.draft_vocab], "int64")
     for i in range(shape.layers):
         layer_req, layer_opt = _layer_tensors(shape, i)
         req.update(layer_req)
         optional.update(layer_opt)
-    # vLLM skips input_norm unless norm_before_fc asks for it.
-    (req if shape.norm_before_fc else optional)["input_norm.weight"] = (
-        [shape.n_aux * ht],
-        "float",
-    )
+    # The llama draft skips input_norm unless norm_before_fc asks for it; the MLA draft has
+    # no input_norm and does not skip it (the load fails).
+    if shape.mla is None:
+        (req if shape.norm_before_fc else optional)["input_norm.weight"] = (
+            [shape.n_aux * ht],
+            "float",
+        )
     if shape.fc_norm:
         for i in range(shape.n_aux):
             req[f"fc_norm.{i}.weight"] = ([ht], "float")
@@ -275,7 +284,7 @@ def check_weights(
             )
     _check_float_dtypes(report, tensors)
     for name in sorted(set(by_vllm) - set(wanted)):
-        _report_unknown(report, name, by_vllm[name])
+        _report_unknown(report, name, by_vllm[name], shape)
     if "embed_tokens.weight" not in by_vllm:
         report.info(
             "embed-tokens", "embed_tokens.weight", "not saved: vLLM shares the target's embeddings"
@@ -313,8 +322,11 @@ def _check_float_dtypes(report: Report, tensors: dict[str, StoredTensor]) -> Non
     report.facts["dtype"] = float_dtypes[0] if len(float_dtypes) == 1 else float_dtypes
 
 
-def _report_unknown(report: Report, name: str, info: StoredTensor) -> None:
+def _report_unknown(report: Report, name: str, info: StoredTensor, shape: CheckpointShape) -> None:
+    """A tensor vLLM has no parameter for: its loader fails on it, except the few the llama
+    draft's loader skips (``mask_hidden``; ``input_norm`` is expected then)."""
     where = f"{info.file}:{info.name}"
+    mla = shape.mla is not None
     if name in TRAINING_ONLY_TENSORS:
         report.error(
             "tensor-unknown",
@@ -322,11 +334,35 @@ def _report_unknown(report: Report, name: str, info: StoredTensor) -> None:
             "training-only tensor: vLLM has no such parameter and fails the load "
             "(speculators' save_pretrained drops it)",
         )
-    elif name == "mask_hidden":
+    elif name == "d2t":
+        report.error(
+            "tensor-unknown",
+            where,
+            f"draft_vocab_size = vocab_size = {shape.vocab}: vLLM builds no "
+            "draft_id_to_target_id for a draft over the whole vocabulary and fails the load "
+            "on d2t (drop it; vLLM ignores t2d)",
+        )
+    elif any(s in name for s in VLLM_DROPPED_SUFFIXES):
+        report.warning("tensor-unknown", where, "a rotary buffer: vLLM drops it by name")
+    elif name.endswith(".bias"):
+        report.error(
+            "tensor-unknown",
+            where,
+            "vLLM has no such bias and ignores it without a word: the draft would be served "
+            "without it",
+        )
+    elif name == "mask_hidden" and not mla:
         report.warning(
             "tensor-unknown",
             where,
             "parallel-drafting tensor: vLLM skips it unless parallel drafting is on",
+        )
+    elif mla and name in ("input_norm.weight", "mask_hidden"):
+        report.error(
+            "tensor-unknown",
+            where,
+            "vLLM's MLA draft (deepseek_eagle3) has no such parameter and, unlike its llama "
+            "draft, does not skip it: the load fails",
         )
     else:
         report.error("tensor-unknown", where, "vLLM has no such parameter and fails the load")
