@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from commands import run_ok
 from stage_graph import (
     ROOT,
     STAGES,
@@ -26,7 +27,7 @@ from stage_graph import (
 )
 from workdirs import repo_copy
 
-from eagle3_pipeline.tools.graph import render
+from eagle3_pipeline.tools.graph import END_PRODUCTS, dataflow_problems, render
 from eagle3_pipeline.tools.keymap import KEYMAP
 from eagle3_pipeline.tools.keymap import render as render_keymap
 
@@ -161,6 +162,85 @@ def test_no_volatile_file_feeds_a_stage() -> None:
     for name, spec in graph.items():
         fed = {_render(d, params) for d in spec["deps"]} & volatile
         assert not fed, f"stage {name} depends on volatile files {sorted(fed)}"
+
+
+def test_every_cached_output_feeds_a_stage_or_is_an_end_product() -> None:
+    """A stage's cached output (a fingerprint, an artifact) is some stage's dep, unless it
+    is one of the named end products; the volatile figures (``cache: false``) are never
+    deps (the test above). A fingerprint no stage depends on is an edit that reruns
+    nothing: preflight wrote ``paths.init_fingerprint`` and train did not depend on it,
+    so a warm-start source edited in place left the old draft cached."""
+    params = _params()
+    graph = _graph()
+    deps = {_render(d, params) for spec in graph.values() for d in spec["deps"]}
+    products = {_render(p, params) for p in END_PRODUCTS}
+    unfed = []
+    for name, spec in graph.items():
+        for entry in spec.get("outs", []):
+            opts = entry[next(iter(entry))] if isinstance(entry, dict) else None
+            out = _render(entry, params)
+            if (opts or {}).get("cache", True) is not False and out not in deps | products:
+                unfed.append(f"{name}: {out}")
+    assert not unfed, f"cached outputs no stage depends on: {unfed}"
+    # every fingerprint preflight writes stands for some stage's input
+    fingerprints = [k for k in params["paths"] if "fingerprint" in k]
+    assert {"target_fingerprint", "data_fingerprint", "init_fingerprint"} <= set(fingerprints)
+    for key in fingerprints:
+        assert "${paths." + key + "}" in [o for o in graph["preflight"]["outs"]], key
+        assert params["paths"][key] in deps, f"paths.{key}: written, never a dependency"
+    assert "${paths.init_fingerprint}" in graph["train"]["deps"]
+    # an end product is one indeed: written by a stage, read by none
+    assert not products & deps, sorted(products & deps)
+    assert dataflow_problems(graph) == []
+
+
+def _drop_dep(text: str, stage: str, dep: str) -> str:
+    """``text`` (dvc.yaml) without the dep ``dep`` of ``stage``."""
+    lines = text.splitlines(keepends=True)
+    start = lines.index(f"  {stage}:\n")
+    i = next(i for i in range(start, len(lines)) if lines[i] == f"      - {dep}\n")
+    return "".join(lines[:i] + lines[i + 1 :])
+
+
+@pytest.mark.parametrize(
+    ("stage", "dep", "message"),
+    [
+        # the omission of issue 47: the warm-start source's fingerprint feeds no stage
+        (
+            "train",
+            "${paths.init_fingerprint}",
+            "stage preflight writes ${paths.init_fingerprint}, which no stage depends on",
+        ),
+        # an artifact a stage reads (its view's paths.prepared) that another stage still
+        # depends on: the view says extract reads it
+        (
+            "extract",
+            "${paths.prepared}",
+            "stage extract reads paths.prepared (its input view), stage prepare's output, "
+            "but does not depend on ${paths.prepared}",
+        ),
+    ],
+)
+def test_eagle3_graph_check_fails_on_a_lost_file_dep(
+    tmp_path: Path, stage: str, dep: str, message: str
+) -> None:
+    """File deps are written by hand (a fingerprint stands for content the stage reads by
+    another name): ``eagle3-graph`` cannot regenerate them, so it checks them, and says
+    which is missing; it still exits 1 after rewriting what it can."""
+    text = (ROOT / "dvc.yaml").read_text(encoding="utf-8")
+    lost = _drop_dep(text, stage, dep)
+    assert yaml.safe_load(lost)["stages"][stage]["deps"] == [
+        d for d in _graph()[stage]["deps"] if d != dep
+    ]
+    (tmp_path / "dvc.yaml").write_text(lost, encoding="utf-8")
+    (tmp_path / "docs").mkdir()
+    shutil.copy(ROOT / KEYMAP, tmp_path / KEYMAP)
+    cmd = [sys.executable, "-m", "eagle3_pipeline.tools.graph"]
+    for args in (["--check"], []):
+        proc = subprocess.run([*cmd, *args], cwd=tmp_path, capture_output=True, text=True)
+        assert proc.returncode == 1 and message in proc.stderr, (args, proc.stderr)
+    written = yaml.safe_load((tmp_path / "dvc.yaml").read_text(encoding="utf-8"))
+    assert dep not in written["stages"][stage]["deps"]  # reported, never invented
 
 
 def test_paths_in_the_graph_are_the_ones_stages_use() -> None:
@@ -299,6 +379,84 @@ def test_a_local_target_changed_in_place_reruns_the_graph(
     assert _repro(repo, "prepare") == "ran"
     fp = json.loads((repo / "data/preflight/data_fingerprint.json").read_text())
     assert fp["size"] == data.stat().st_size and len(fp["sha256"]) == 64
+
+
+# the smallest graph that trains and validates: a 30-step tiny target, 4 recorded
+# conversations, 2 optimizer steps, our evaluator alone on 1 held-out prompt x 8 tokens
+_TINY_GRAPH = (
+    "target.train_steps=30",
+    "data.regenerate=false",
+    "data.heldout_size=1",
+    "train.samples=4",
+    "train.epochs=1",
+    "train.max_steps=2",
+    "validate.vllm=false",
+    "validate.max_new_tokens=8",
+    "validate.temperature=null",
+)
+
+
+def _ran(out: str) -> set[str]:
+    """The stages a ``dvc repro`` output says it ran (the others it names it skipped)."""
+    ran = set(re.findall(r"Running stage '(\w+)'", out))
+    skipped = set(re.findall(r"Stage '(\w+)' didn't change", out))
+    assert not ran & skipped, out[-2000:]
+    return ran
+
+
+@pytest.mark.integration
+def test_a_warm_start_source_edited_in_place_reruns_train(tmp_path: Path) -> None:
+    """``train.init_from`` names a draft outside the repository, by a path that does not
+    change when the draft does. Preflight writes its content digest to
+    ``paths.init_fingerprint``, a dep of train: a source edited in place stales train and
+    nothing else once preflight has read it, and ``dvc repro`` (preflight first: it always
+    runs) retrains from the new weights, then validates the new draft; target, prepare and
+    extract stay cached. Before preflight reruns, ``dvc status`` cannot see the edit."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    repo = repo_copy(tmp_path / "repo", commit=True)  # dvclive reads the git revision
+
+    def compose(*overrides: str) -> None:
+        run_ok(repo, sys.executable, "-m", "eagle3_pipeline.tools.compose", *overrides)
+
+    def draft_hash() -> str:
+        lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]["train"]
+        return next(o["md5"] for o in lock["outs"] if o["path"] == _params()["paths"]["draft"])
+
+    def digest() -> str:
+        return json.loads((repo / "data/preflight/init_fingerprint.json").read_text())["sha256"]
+
+    # a first draft, copied out: the warm start's source
+    compose(*_TINY_GRAPH)
+    assert _ran(_dvc(repo, "repro", "train")) == set(STAGES) - {"validate"}
+    source = tmp_path / "source"
+    shutil.copytree(repo / "data/draft", source)
+    compose(*_TINY_GRAPH, f"train.init_from={source}")
+    assert _ran(_dvc(repo, "repro")) == {"preflight", "train", "validate"}
+    assert _stale(repo) == set()
+    before, old_digest = draft_hash(), digest()
+
+    # the source's weights change in place: same path, same params
+    weights = source / "model.safetensors"
+    tensors = load_file(weights)
+    save_file(
+        {k: t * 0.5 if t.is_floating_point() else t for k, t in tensors.items()},
+        weights,
+        metadata={"format": "pt"},
+    )
+    assert _stale(repo) == set()  # the digest is preflight's reading: none yet
+    assert _ran(_dvc(repo, "repro", "preflight")) == {"preflight"}
+    assert digest() != old_digest
+    assert _stale(repo) == {"train"}  # not target, prepare or extract; validate follows
+
+    out = _dvc(repo, "repro")
+    assert _ran(out) == {"preflight", "train", "validate"}, out[-2000:]
+    assert draft_hash() != before
+    trained = json.loads((repo / "metrics/details/train.json").read_text())
+    assert trained["init_from"]["sha256"] == digest()
+    assert _stale(repo) == set()
 
 
 def test_the_draft_is_a_model_artifact() -> None:

@@ -12,6 +12,15 @@ that discovers its modules (``pkgutil.iter_modules(__path__)``: the family regis
 directory is listed whole when every module under it is executed, so a new module there
 shows up as a difference. ``eagle3-graph --check`` exits 1 when ``dvc.yaml`` differs from
 what this would write (a test runs it).
+
+A stage's file deps (``${paths.target}``, ``${paths.init_fingerprint}``) are written by hand:
+a fingerprint stands for content outside the repository that the stage reads by another
+name (train reads ``train.init_from``, never ``paths.init_fingerprint``), so neither the
+import graph nor the input views can derive them. They are checked instead
+(:func:`dataflow_problems`, run by ``eagle3-graph`` and its ``--check``): every cached
+output feeds some stage unless it is an end product (:data:`END_PRODUCTS`), and a stage
+whose view reads another stage's cached output depends on it. A fingerprint written and
+never depended on is an edit that reruns nothing.
 """
 
 from __future__ import annotations
@@ -38,6 +47,13 @@ _CODE_DEP = re.compile(r"^\s+- src/eagle3_pipeline\S*\s*(#.*)?$")
 _COMMENT = re.compile(r"^\s+#")
 _STAGE = re.compile(r"^  (\w+):\s*$")
 _TEMPLATE = re.compile(r"\$\{([^}]+)\}")
+
+# The cached outputs no stage depends on, and why: what the pipeline makes for people.
+# Every other cached output must be some stage's dep (:func:`dataflow_problems`).
+END_PRODUCTS = {
+    "${paths.validate}": "validate's report and model card, read by people",
+    "${paths.bad_lines}": "the data lines prepare dropped, for a person to read",
+}
 
 
 @functools.cache
@@ -150,6 +166,56 @@ def params(stage: str, spec: dict[str, Any]) -> list[str] | None:
     return [k for k in view.keys(tracked=True) if k not in templated]
 
 
+def _entry_path(entry: str | dict[str, Any]) -> str:
+    return entry if isinstance(entry, str) else next(iter(entry))
+
+
+def cached_outputs(spec: dict[str, Any]) -> list[str]:
+    """A stage's ``outs:`` that DVC caches, as ``dvc.yaml`` names them (``${paths.draft}``):
+    not the ``cache: false`` figures, which never feed a stage."""
+    out = []
+    for entry in spec.get("outs", []):
+        opts = entry[next(iter(entry))] if isinstance(entry, dict) else None
+        if (opts or {}).get("cache", True) is not False:
+            out.append(_entry_path(entry))
+    return out
+
+
+def dataflow_problems(graph: dict[str, Any]) -> list[str]:
+    """What is wrong with the hand-written file deps of ``graph`` (``dvc.yaml``'s
+    ``stages:``), one line each: a cached output no stage depends on that is not in
+    :data:`END_PRODUCTS`; an :data:`END_PRODUCTS` entry that is no cached output or that a
+    stage depends on; a stage whose input view reads another stage's cached output
+    (``paths.K``) without depending on ``${paths.K}``."""
+    deps = {name: {_entry_path(d) for d in spec.get("deps", [])} for name, spec in graph.items()}
+    fed = set().union(*deps.values())
+    writer = {out: name for name, spec in graph.items() for out in cached_outputs(spec)}
+    problems = [
+        f"stage {name} writes {out}, which no stage depends on: add it to the deps of the "
+        f"stage it feeds, or to {__name__}.END_PRODUCTS with the reason nothing does"
+        for out, name in writer.items()
+        if out not in fed and out not in END_PRODUCTS
+    ]
+    problems += [
+        f"{__name__}.END_PRODUCTS names {out}, which "
+        + ("stage " + ", ".join(sorted(n for n in deps if out in deps[n])) + " depends on")
+        * (out in fed)
+        + "no stage writes as a cached output" * (out not in writer)
+        for out in END_PRODUCTS
+        if out in fed or out not in writer
+    ]
+    for name in graph:
+        view = inputs_view(name) if name in STAGES else None
+        for key in view.keys() if view is not None else []:
+            out = "${" + key + "}"
+            if writer.get(out, name) != name and out not in deps[name]:
+                problems.append(
+                    f"stage {name} reads {key} (its input view), stage {writer[out]}'s "
+                    f"output, but does not depend on {out}"
+                )
+    return problems
+
+
 def render(text: str) -> str:
     """``dvc.yaml``'s text with each stage's code deps replaced by :func:`code_deps` (the
     first lines of its ``deps:``; comments and other deps kept) and, for a stage with an
@@ -211,7 +277,9 @@ def main(argv: list[str] | None = None) -> int:
         description="Rewrite dvc.yaml's code deps (each stage: the modules it imports) "
         "and params (each stage: the keys its input view declares), and the key map "
         "docs/configuration.md (every key's default, accepted values, description and "
-        "readers, from the schema).",
+        "readers, from the schema). Check its hand-written file deps: exit 1 when a "
+        "cached output (a fingerprint, an artifact) feeds no stage and is no end product, "
+        "or a stage reads another stage's output without depending on it.",
     )
     ap.add_argument("--dvc-yaml", default="dvc.yaml", type=Path)
     ap.add_argument(
@@ -226,6 +294,9 @@ def main(argv: list[str] | None = None) -> int:
 
     text = path.read_text(encoding="utf-8")
     new = render(text)
+    problems = dataflow_problems(yaml.safe_load(text)["stages"])
+    for problem in problems:
+        print(f"eagle3-graph: {path}: {problem}", file=sys.stderr)
     keys_path = path.parent / keymap.KEYMAP
     keys_old = keys_path.read_text(encoding="utf-8") if keys_path.is_file() else None
     keys_new = keymap.render()
@@ -245,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             stale = True
-        return 1 if stale else 0
+        return 1 if stale or problems else 0
     for target, old, fresh, what in (
         (path, text, new, "code deps and params rewritten"),
         (keys_path, keys_old, keys_new, "key map rewritten"),
@@ -255,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"eagle3-graph: {target}: {what}")
         else:
             print(f"eagle3-graph: {target}: up to date")
-    return 0
+    return 1 if problems else 0  # file deps are hand-written: reported, never rewritten
 
 
 if __name__ == "__main__":
