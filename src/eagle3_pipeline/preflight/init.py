@@ -1,7 +1,8 @@
 """Preflight's view of ``train.init_from``: is the warm-start source there, in a format we
-read, and what is its content (``paths.init_fingerprint``, which train depends on: a source
-changed in place reruns train, and only train). Whether its layout fits the run is
-checked by train's plan, against the target and the prepared vocabulary."""
+read, and what is its content (``paths.init_fingerprint``, which train depends on in
+``dvc.yaml``: a source changed in place reruns train, then validate on the new draft, and
+nothing upstream of train). Whether its layout fits the run is checked by train's plan,
+against the target and the prepared vocabulary."""
 
 from __future__ import annotations
 
