@@ -128,6 +128,51 @@ def test_amx_mla_still_refuses_a_float32_target(validate_workdir: Path):
     assert "STARTED" in chosen.stdout, (chosen.stdout + chosen.stderr)[-3000:]
 
 
+@pytest.mark.skipif(
+    not _amx(),
+    reason="this CPU has no AMX tiles: vLLM gives every MLA layer CPU_MLA itself, so the "
+    "draft's AMX_MLA refusal cannot happen here",
+)
+def test_amx_mla_still_refuses_a_float32_mla_draft(tiny_target: Path, tmp_path: Path):
+    """Workaround 5, the draft's half (issue 47): with the target on CPU_MLA, vLLM still
+    selects the draft's backend afresh (``llm_base_proposer``), so on an AMX CPU a float32
+    MLA draft falls to AMX_MLA and the engine cannot start; the speculative config's own
+    ``attention_backend`` (what ``compat.vllm.draft_attention_backend`` asks) starts it.
+    Fails once vLLM gives the draft the target's backend or AMX_MLA loads float32."""
+    from workdirs import make_workdir
+
+    wd = make_workdir(tiny_target, tmp_path / "w", layer_type="mla")
+    model, draft = wd / "data" / "target" / "model", wd / "data" / "draft"
+    asked = vllm_compat.draft_attention_backend(True, "float32", draft_mla=True)
+    assert asked == "CPU_MLA"
+    code = """
+        from vllm import LLM
+        if __name__ == "__main__":
+            try:
+                LLM(model={model!r}, dtype="float32", max_model_len=512, enforce_eager=True,
+                    attention_backend="CPU_MLA",  # the target's half of workaround 5
+                    speculative_config={{"method": "eagle3", "model": {draft!r},
+                                        "num_speculative_tokens": 3{extra}}})
+                print("STARTED")
+            except Exception as exc:
+                print("FAILED", exc)
+    """
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    default = run_in_vllm(code.format(model=str(model), draft=str(draft), extra=""), env=env)
+    assert "STARTED" not in default.stdout, (
+        "a float32 MLA draft starts on this AMX CPU without its own attention_backend now: "
+        "drop vllm_compat.draft_attention_backend"
+    )
+    assert "expect weight to be bfloat16" in default.stdout + default.stderr, (
+        default.stdout + default.stderr
+    )[-3000:]
+    chosen = run_in_vllm(
+        code.format(model=str(model), draft=str(draft), extra=f', "attention_backend": {asked!r}'),
+        env=env,
+    )
+    assert "STARTED" in chosen.stdout, (chosen.stdout + chosen.stderr)[-3000:]
+
+
 def test_vllm_reads_every_eagle31_option_the_schema_offers():
     """The installed vLLM's own speculators-config reader carries norm_before_fc, fc_norm
     and norm_output into the draft's config (preflight refuses an option it would drop);

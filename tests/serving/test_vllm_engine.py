@@ -153,3 +153,101 @@ def test_engine_refuses_missing_pieces(tmp_path):
         build_engine(cfg, _spec(), tmp_path, "extract")
     with pytest.raises(ValueError, match="num_speculative_tokens"):
         build_engine(cfg, _spec(), tmp_path, "validate", draft_dir=tmp_path, k=0)
+
+
+# Workaround 5 (compat.vllm), each branch: what the platform reports -> the engine asked of
+# vLLM. Columns: build (cpu: the CPU build), the target's attention, the draft (None: no
+# draft; "mla" / "llama": its layer), dtype -> the target's --attention-backend,
+# VLLM_MLA_DISABLE set, the speculative config's attention_backend (the draft's).
+ENGINE_CASES = [
+    # an MLA draft in float32 on the CPU build: both models ask for CPU_MLA (issue 47:
+    # without the draft's own request an AMX CPU gave the draft AMX_MLA, which refuses
+    # float32)
+    ("cpu", "mla", "mla", "float32", "CPU_MLA", False, "CPU_MLA"),
+    ("cpu", "mla", "mla", "bfloat16", None, False, None),  # AMX_MLA loads bf16: vLLM picks
+    # a llama draft on an MLA target: MLA off for the target (workaround 1), and the draft's
+    # attention is not MLA, so neither asks for CPU_MLA
+    ("cpu", "mla", "llama", "float32", None, True, None),
+    ("cpu", "mla", "llama", "bfloat16", None, True, None),
+    ("cpu", "mla", None, "float32", "CPU_MLA", False, None),  # target alone
+    ("cpu", "mla", None, "bfloat16", None, False, None),
+    ("cpu", "standard", "llama", "float32", None, False, None),
+    ("cpu", "standard", None, "float32", None, False, None),
+    # GPUs: vLLM's own choices, every one
+    ("cuda", "mla", "mla", "float32", None, False, None),
+    ("cuda", "mla", "llama", "float32", None, False, None),
+    ("cuda", "mla", None, "float32", None, False, None),
+]
+
+
+@pytest.mark.parametrize(
+    "build, target_attention, draft, dtype, target_backend, mla_off, draft_backend",
+    ENGINE_CASES,
+)
+def test_each_model_asks_for_cpu_mla_in_float32_whatever_cpu_the_machine_has(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    build: str,
+    target_attention: str,
+    draft: str | None,
+    dtype: str,
+    target_backend: str | None,
+    mla_off: bool,
+    draft_backend: str | None,
+) -> None:
+    """The target's and the draft's attention backend follow one rule (CPU build, float32,
+    that model's attention MLA => CPU_MLA), in the served and the offline forms; the engine
+    is the same whether the platform reports AMX tiles or not (the rule reads no CPU: vLLM
+    uses CPU_MLA on a CPU without AMX anyway), so this machine's CPU decides nothing here."""
+    import torch
+
+    cfg = _cfg("hardware=rtx_pro_6000_x8") if build == "cuda" else _cfg()
+    spec = _spec(attention=target_attention, rope_type="yarn")
+    draft_dir = tmp_path / "draft"
+    if draft is None:
+        purpose, kw = "baseline", {}
+    else:
+        purpose = "validate"
+        kw = dict(draft_dir=draft_dir, k=3, draft_mla=draft == "mla")
+    engines = []
+    for amx in (True, False):
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda amx=amx: amx)
+        engines.append(build_engine(cfg, spec, tmp_path, purpose, dtype=dtype, **kw))
+    with_amx, without_amx = engines
+    assert with_amx == without_amx
+    eng = with_amx
+    argv = eng.serve_argv(8011)
+    assert eng.attention_backend == target_backend
+    got = argv[argv.index("--attention-backend") + 1] if "--attention-backend" in argv else None
+    assert got == target_backend
+    assert eng.llm_kwargs().get("attention_backend") == target_backend
+    assert ("VLLM_MLA_DISABLE" in eng.env) == mla_off
+    if draft is None:
+        assert eng.speculative_config is None
+        return
+    served = json.loads(argv[argv.index("--speculative-config") + 1])
+    offline = eng.llm_kwargs()["speculative_config"]
+    assert served == offline
+    assert served.get("attention_backend") == draft_backend
+    assert "attention_backend" in served or draft_backend is None  # unset: left out
+    assert served["method"] == "eagle3" and served["num_speculative_tokens"] == 3
+
+
+def test_the_draft_layer_is_read_from_its_config_when_not_given(tmp_path: Path) -> None:
+    """``draft_mla`` unset: an MLA draft is told by its config (``kv_lora_rank``, as vLLM
+    serves it), so validation, serving and the benchmarks, which pass only the draft's
+    directory, get the draft's CPU_MLA too; a llama draft's config gets none."""
+    cfg = _cfg()
+    mla, llama = tmp_path / "mla", tmp_path / "llama"
+    mla.mkdir()
+    llama.mkdir()
+    (mla / "config.json").write_text(json.dumps({"model_type": "deepseek_v2", "kv_lora_rank": 512}))
+    (llama / "config.json").write_text(
+        json.dumps({"transformer_layer_config": {"model_type": "llama"}})
+    )
+    got = {}
+    for name, d in (("mla", mla), ("llama", llama)):
+        eng = build_engine(cfg, _spec(), tmp_path, "validate", dtype="float32", draft_dir=d, k=3)
+        assert eng.speculative_config is not None
+        got[name] = (eng.speculative_config.attention_backend, eng.attention_backend)
+    assert got == {"mla": ("CPU_MLA", "CPU_MLA"), "llama": (None, None)}

@@ -21,11 +21,23 @@ bug below is fixed upstream, so the workaround can then be dropped.
    loads :class:`eagle3_pipeline.serving.connector.CpuHiddenStatesConnector` instead.
 4. **The KV cache size on the CPU build** is a process-wide env var
    (``VLLM_CPU_KVCACHE_SPACE``, GiB), not ``gpu_memory_utilization``.
-5. **The reference MLA backend for float32 on the CPU build.** On a CPU with AMX tiles
-   vLLM picks ``AMX_MLA``, whose weight packing refuses float32 ("expect weight to be
-   bfloat16, float16, int8, fp8_e4m3 or uint8"), so a float32 MLA engine -- the tiny
-   target's, where losslessness is checked exactly -- cannot start. Such engines ask for
-   ``CPU_MLA`` (``--attention-backend``), which vLLM uses anyway on CPUs without AMX.
+5. **The reference MLA backend for float32 on the CPU build, for the target and for the
+   draft.** On a CPU with AMX tiles vLLM picks ``AMX_MLA``, whose weight packing refuses
+   float32 ("expect weight to be bfloat16, float16, int8, fp8_e4m3 or uint8"), so a float32
+   MLA engine -- the tiny target's, where losslessness is checked exactly -- cannot start.
+   The rule is the same for each model an engine loads: **CPU build and float32 and that
+   model's attention is MLA => ask for ``CPU_MLA``**. The target asks with
+   ``--attention-backend`` (:func:`mla_backend`; its attention is MLA unless workaround 1
+   turned it off). The draft asks in the speculative config's own ``attention_backend``
+   (:func:`draft_attention_backend`): vLLM never gives the draft the target's backend
+   (``llm_base_proposer._create_draft_vllm_config`` replaces it by the speculative config's,
+   None meaning "select afresh"), so an MLA draft on an AMX CPU fell to ``AMX_MLA`` even
+   with the target on ``CPU_MLA``. A llama / qwen3 draft's attention is not MLA
+   (``CPU_ATTN``): it asks for nothing, whatever the target. The rule does not read the
+   CPU: vLLM's CPU platform (``platforms/cpu.py`` ``get_attn_backend_cls``) returns
+   ``CPU_MLA`` for every MLA layer on a CPU without AMX, asked or not, and sets the same
+   block size (16) either way, so asking there changes nothing; only on an AMX CPU does
+   it choose. bfloat16 / float16 keep vLLM's pick (``AMX_MLA`` loads them).
 6. **Sampling at temperature > 0 on the CPU build without Triton.** vLLM's C++ fallback for
    the rejection sampler's ``expand_kernel`` loses float and int32 outputs, so temperature,
    top-p and top-k reach the rejection test as garbage. That one is not an engine setting
@@ -65,18 +77,26 @@ def rotary_op_disabled(cpu_build: bool, mla: bool, rope_type: str) -> bool:
     return cpu_build and mla and rope_type in ("default", "linear", "dynamic")
 
 
+def _float32_mla_backend(cpu_build: bool, attention_is_mla: bool, dtype: str) -> str | None:
+    """Workaround 5's one rule, for any model an engine loads."""
+    return "CPU_MLA" if cpu_build and attention_is_mla and dtype == "float32" else None
+
+
 def mla_backend(
     cpu_build: bool, mla: bool, dtype: str, with_draft: bool, draft_mla: bool = False
 ) -> str | None:
-    """Workaround 5: the attention backend to request, or None for vLLM's choice."""
-    if (
-        cpu_build
-        and mla
-        and dtype == "float32"
-        and not mla_disabled(cpu_build, mla, with_draft, draft_mla)
-    ):
-        return "CPU_MLA"
-    return None
+    """Workaround 5 for the target (``--attention-backend``): the backend to request, or
+    None for vLLM's choice. ``mla``: the target has MLA attention (kept on unless
+    workaround 1 turns it off)."""
+    target_mla = mla and not mla_disabled(cpu_build, mla, with_draft, draft_mla)
+    return _float32_mla_backend(cpu_build, target_mla, dtype)
+
+
+def draft_attention_backend(cpu_build: bool, dtype: str, draft_mla: bool) -> str | None:
+    """Workaround 5 for the draft (the speculative config's ``attention_backend``): the
+    backend to request, or None for vLLM's choice. ``draft_mla``: the draft has MLA
+    attention (an MLA draft builds it whatever the target does)."""
+    return _float32_mla_backend(cpu_build, draft_mla, dtype)
 
 
 def engine_env(

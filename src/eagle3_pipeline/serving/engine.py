@@ -54,6 +54,9 @@ class SpeculativeConfig:
     model: str | None = optional()  # the draft's directory (eagle3)
     num_speculative_tokens: int  # K (1 for extraction)
     draft_model_config: DraftModelConfig | None = optional()  # extraction's layers
+    # the draft's attention backend (vLLM never gives the draft the target's: None means
+    # vLLM selects one afresh; compat.vllm workaround 5 sets it)
+    attention_backend: str | None = optional()
 
 
 @dataclass(kw_only=True)
@@ -201,11 +204,18 @@ def _compilation(config: dict[str, list[str]] | None) -> CompilationConfig | Non
     return None if config is None else CompilationConfig(**config)
 
 
-def eagle3_config(draft_dir: str | Path, k: int) -> SpeculativeConfig:
+def eagle3_config(
+    draft_dir: str | Path, k: int, attention_backend: str | None = None
+) -> SpeculativeConfig:
+    """The speculative config of an EAGLE-3 draft; every engine with a draft gets it from
+    :func:`build_engine`, which asks ``compat.vllm`` for ``attention_backend``."""
     if k < 1:
         raise ValueError(f"num_speculative_tokens={k} must be >= 1")
     return SpeculativeConfig(
-        method="eagle3", model=str(Path(draft_dir).absolute()), num_speculative_tokens=int(k)
+        method="eagle3",
+        model=str(Path(draft_dir).absolute()),
+        num_speculative_tokens=int(k),
+        attention_backend=attention_backend,
     )
 
 
@@ -317,7 +327,9 @@ def build_engine(
     if purpose == "validate":
         if draft_dir is None or k is None:
             raise ValueError("a validate engine needs draft_dir and k")
-        eng.speculative_config = eagle3_config(draft_dir, k)
+        eng.speculative_config = eagle3_config(
+            draft_dir, k, vllm_compat.draft_attention_backend(cpu, dtype, draft_mla)
+        )
     elif purpose == "extract":
         if staging is None:
             raise ValueError("an extract engine needs a staging directory")
