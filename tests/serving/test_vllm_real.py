@@ -292,3 +292,91 @@ def test_a_started_server_is_private_and_shown_to_serve_the_target(validate_work
             ):
                 pass
     assert key not in log.read_text(errors="replace")
+
+
+# The trained MLA draft's comparison: draft length, tokens per prompt, draft training steps.
+MLA_K, MLA_MAX_NEW, MLA_DRAFT_STEPS = 3, 32, 60
+
+
+def test_a_trained_mla_draft_in_float32_counts_in_vllm_what_our_evaluator_counts(
+    tiny_target: Path, tmp_path: Path
+) -> None:
+    """``train.draft.layer_type=mla`` end to end on the tiny Kimi in float32: a trained MLA
+    draft served by vLLM's CPU build (offline engine, as validation runs it) gives the same
+    number of drafts and the same accepted tokens at EVERY position as our evaluator on the
+    draft as saved, and the same tokens (lossless). Per-position acceptance is well above zero
+    at every position and below one, so acceptances and rejections are compared at each.
+
+    The target is the tiny Kimi's shape at one training step: the 30-step session target
+    answers one token over and over, which any draft predicts after a few steps (every
+    position 1.0, nothing rejected), while this one alternates between tokens, and a draft
+    trained for 60 steps gets about 0.95 / 0.48 / 0.43. On a CPU with AMX tiles this is
+    also issue 47's case: without the draft's own CPU_MLA the engine does not start
+    (AMX_MLA refuses float32; ``tests/compat`` shows vLLM still does)."""
+    from test_acceptance import make_setup, train_draft
+
+    from eagle3_pipeline.draft.checkpoint import load_trained_draft
+    from eagle3_pipeline.targets.tiny import build_tiny_target
+    from eagle3_pipeline.train.save import save_draft
+    from eagle3_pipeline.validate.acceptance import SpeculatorsDraft, measure
+    from eagle3_pipeline.validate.vllm import acceptance_figures
+
+    wd = tmp_path / "w"
+    shutil.copytree(tiny_target / "conf", wd / "conf")
+    shutil.copytree(tiny_target / "data" / "target", wd / "data" / "target")
+    cfg = _in(wd, _load, [])
+    spec = load_target_spec(wd / "data/target/target.json")
+    model_dir = wd / (spec.path or "")
+    spec = dataclasses.replace(spec, path=str(model_dir))
+    shutil.rmtree(model_dir)  # the same shape and tokenizer, trained one step
+    one_step = dataclasses.replace(cfg.target, train_steps=1)
+    build_tiny_target(cfg.model.tiny, one_step, model_dir, cfg.seed, progress=False)
+
+    setup = make_setup(wd)
+    try:
+        trained = train_draft(setup, MLA_DRAFT_STEPS, layer_type="mla")
+        draft_dir = wd / "data" / "draft"
+        save_draft(trained, draft_dir, MLA_K)
+        # our evaluator on the draft as saved and reloaded, as the validate stage runs it
+        saved = load_trained_draft(draft_dir, model_dir, attn_implementation="sdpa")
+        ours, per_prompt = measure(
+            setup.target,
+            SpeculatorsDraft(saved),
+            setup.prompts,
+            MLA_K,
+            MLA_MAX_NEW,
+            setup.stops,
+            check_lossless=True,
+        )
+    finally:
+        setup.target.close()
+    assert ours.lossless is True
+    assert all(r is not None and 0.2 < r < 1.0 for r in ours.per_position_rate), ours
+
+    engine = build_engine(
+        cfg, spec, model_dir, "validate", dtype="float32", draft_dir=draft_dir, k=MLA_K
+    )
+    assert engine.speculative_config is not None
+    # both models ask for the reference MLA kernel (compat.vllm workaround 5)
+    assert engine.attention_backend == engine.speculative_config.attention_backend == "CPU_MLA"
+    assert "VLLM_MLA_DISABLE" not in engine.env  # an MLA draft keeps the target's MLA on
+    run = run_offline(
+        find_python(),
+        engine,
+        [p.prompt_ids for p in setup.prompts],
+        MLA_MAX_NEW,
+        setup.stops,
+        tmp_path / "mla.log",
+    )
+    vllm = acceptance_figures(run["counters"])
+    summary = (
+        f"vLLM {vllm.num_drafts} drafts, per position {vllm.num_accepted_tokens_per_pos}; "
+        f"ours {ours.steps} steps, per position {ours.accepted_per_pos}"
+    )
+    print(summary)
+    assert run["outputs"] == [r.tokens for r in per_prompt], summary
+    assert vllm.num_drafts == ours.steps, summary
+    assert vllm.num_draft_tokens == MLA_K * ours.steps, summary
+    assert vllm.num_accepted_tokens_per_pos == ours.accepted_per_pos, summary
+    assert vllm.num_accepted_tokens == ours.accepted, summary
+    assert vllm.mean_acceptance_length == ours.vllm_style_acceptance_length, summary

@@ -108,13 +108,13 @@ def trained(setup: Setup) -> Any:
     return train_draft(setup, 120)
 
 
-def train_draft(setup: Setup, steps: int) -> Any:
+def train_draft(setup: Setup, steps: int, **options: Any) -> Any:
     """A draft trained for ``steps`` steps with speculators' own forward + loss on the target's
     hidden states of corpus conversations (the extract stage's layout, shifted as
-    ``shift_batch`` does)."""
+    ``shift_batch`` does); ``options``: ``train.draft`` settings (``layer_type="mla"``)."""
     from speculators.losses import resolve_loss_config
 
-    model = new_draft(setup)
+    model = new_draft(setup, **options)
     samples = []
     for seq in setup.train_seqs:
         _, st = setup.target.states(seq)
