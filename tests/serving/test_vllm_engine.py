@@ -47,6 +47,10 @@ def _spec(**kw) -> TargetSpec:
 
 
 def _cfg(*overrides: str):
+    """The config with the target's precision stated (model.dtype null is resolved by the
+    stage from preflight's choice, and build_engine refuses to guess it)."""
+    if not any(o.startswith("model.dtype=") for o in overrides):
+        overrides = ("model.dtype=float32", *overrides)
     return load_config(list(overrides), conf_dir=REPO / "conf")
 
 
@@ -146,6 +150,8 @@ def test_plain_rope_mla_targets_get_the_rotary_op_disabled_on_cpu_only(tmp_path)
 
 
 def test_engine_refuses_missing_pieces(tmp_path):
+    with pytest.raises(ValueError, match="no dtype"):
+        build_engine(load_config([], conf_dir=REPO / "conf"), _spec(), tmp_path, "baseline")
     cfg = _cfg()
     with pytest.raises(ValueError, match="draft_dir and k"):
         build_engine(cfg, _spec(), tmp_path, "validate")
@@ -204,8 +210,9 @@ def test_each_model_asks_for_cpu_mla_in_float32_whatever_cpu_the_machine_has(
     cfg = _cfg("hardware=rtx_pro_6000_x8") if build == "cuda" else _cfg()
     spec = _spec(attention=target_attention, rope_type="yarn")
     draft_dir = tmp_path / "draft"
+    kw: dict[str, Any] = {}
     if draft is None:
-        purpose, kw = "baseline", {}
+        purpose = "baseline"
     else:
         purpose = "validate"
         kw = dict(draft_dir=draft_dir, k=3, draft_mla=draft == "mla")
