@@ -453,8 +453,9 @@ def test_fsdp_on_two_cpu_workers_checkpoints_and_resumes(
     assert m["parallel_reason"] == "train.parallel=fsdp"
 
 
-def test_parallel_mode_selection() -> None:
+def test_parallel_mode_selection(tmp_path: Path) -> None:
     from eagle3_pipeline.core.config import Config, DraftShapeConfig
+    from eagle3_pipeline.runtime.precision import Precision, write_precision
     from eagle3_pipeline.draft.shape import estimate_parameters, resolve_draft_shape
     from eagle3_pipeline.train.distributed import dist_backend
     from eagle3_pipeline.train.runtime import choose_parallel, resolve_runtime
@@ -505,9 +506,12 @@ def test_parallel_mode_selection() -> None:
 
     assert dist_backend("cuda") == "nccl" and dist_backend("cpu") == "gloo"
     cfg = Config()
+    cfg.paths.precision = str(tmp_path / "precision.json")  # preflight's choice, on CPU
+    write_precision(cfg.paths.precision, Precision("bfloat16", "a CPU with native bf16"))
     cfg.train.nproc = 2
     rt = resolve_runtime(TrainInputs.from_config(cfg))
     assert rt.device == "cpu" and rt.world_size == 2 and rt.launched
+    assert (rt.dtype, rt.dtype_why) == ("bfloat16", "a CPU with native bf16")
     cfg.train.nproc = None
     assert not resolve_runtime(TrainInputs.from_config(cfg)).launched
     cfg.hardware.device, cfg.hardware.gpu_count = Device.cuda, 1
@@ -683,11 +687,13 @@ def test_an_mla_draft_trains_and_a_warm_start_takes_its_weights_exactly(
 
     _expect_refusal(
         [f"train.init_from={work / 'source'}"],  # a llama run from an MLA draft
-        r"train.init_from=.*source: its layer_type is \"mla\", this run's is \"llama\"",
+        r"train.init_from=.*source: its layer_type is \"mla\" \(.*source/config.json: model_type\), "
+        r"this run's is \"llama\"",
     )
     _expect_refusal(
         [*mla, "train.draft_vocab_size=256", f"train.init_from={work / 'source'}"],
-        r"its draft_vocab_size is 512, this run's is 256; set train.draft_vocab_size",
+        r"its draft_vocab_size is 512 \(.*config.json: draft_vocab_size\), this run's is 256; "
+        r"set train.draft_vocab_size",
     )
     _expect_refusal([f"train.init_from={work / 'nothing'}"], "no draft there")
 
