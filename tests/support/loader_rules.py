@@ -81,7 +81,8 @@ RULES = [
         _full_q_proj,
         "mla-q-lora",
         "config.json:q_lora_rank",
-        "no module or parameter named 'layers.0.self_attn.fused_qkv_a_proj'",
+        "There is no module or parameter named 'layers.0.self_attn.fused_qkv_a_proj' in "
+        "DeepseekV2Eagle3Model",
     ),
     LoaderRule(
         "mla-input-norm",
@@ -89,7 +90,7 @@ RULES = [
         _input_norm,
         "tensor-unknown",
         "input_norm.weight",
-        "no module or parameter named 'input_norm'",
+        "There is no module or parameter named 'input_norm' in DeepseekV2Eagle3Model",
     ),
     LoaderRule(
         "mla-mask-hidden",
@@ -97,7 +98,7 @@ RULES = [
         _mask_hidden,
         "tensor-unknown",
         "mask_hidden",
-        "no module or parameter named 'mask_hidden'",
+        "There is no module or parameter named 'mask_hidden' in DeepseekV2Eagle3Model",
     ),
     LoaderRule(
         "mla-full-vocab-d2t",
@@ -105,7 +106,8 @@ RULES = [
         _full_vocab_d2t,
         "tensor-unknown",
         "d2t",
-        "no module or parameter named 'draft_id_to_target_id'",
+        "There is no module or parameter named 'draft_id_to_target_id' in "
+        "Eagle3DeepseekV2ForCausalLM",
     ),
     LoaderRule(
         "llama-full-vocab-d2t",
@@ -113,7 +115,7 @@ RULES = [
         _full_vocab_d2t,
         "tensor-unknown",
         "d2t",
-        "no module or parameter named 'draft_id_to_target_id'",
+        "There is no module or parameter named 'draft_id_to_target_id' in Eagle3LlamaForCausalLM",
     ),
 ]
 
