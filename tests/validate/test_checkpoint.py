@@ -342,6 +342,7 @@ def test_the_llama_loader_skips_what_the_mla_loader_refuses(built: Built, tmp_pa
     assert [f.where for f in report.warnings if f.code == "tensor-unknown"] == [
         "model.safetensors:mask_hidden"
     ]
+    assert "input-norm-dropped" in report.codes("warning")
 
 
 def test_a_full_vocabulary_draft_without_d2t_passes(built_mla: Built, tmp_path: Path) -> None:

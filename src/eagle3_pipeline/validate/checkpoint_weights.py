@@ -285,6 +285,13 @@ def check_weights(
     _check_float_dtypes(report, tensors)
     for name in sorted(set(by_vllm) - set(wanted)):
         _report_unknown(report, name, by_vllm[name], shape)
+    if shape.mla is None and not shape.norm_before_fc and "input_norm.weight" in by_vllm:
+        report.warning(
+            "input-norm-dropped",
+            "input_norm.weight",
+            "norm_before_fc is off, so vLLM drops this norm: if the draft was trained with it, "
+            "set norm_before_fc",
+        )
     if "embed_tokens.weight" not in by_vllm:
         report.info(
             "embed-tokens", "embed_tokens.weight", "not saved: vLLM shares the target's embeddings"
