@@ -336,12 +336,15 @@ def compose(overrides: list[str]) -> Config:
 
 def expected(cfg: Config) -> Expected:
     from eagle3_pipeline.core.config import validate_runtime
+    from eagle3_pipeline.runtime.precision import model_precision
     from eagle3_pipeline.train.runtime import resolve_runtime
     from eagle3_pipeline.train.view import TrainInputs
 
     rt = resolve_runtime(TrainInputs.from_config(cfg))
     v = cfg.validate
-    v_device, v_dtype = validate_runtime(v.device, v.dtype, cfg.hardware.device, cfg.model.dtype)
+    m = cfg.model
+    target = model_precision(m.dtype, cfg.hardware.device, m.tiny is not None, cfg.paths.precision)
+    v_device, v_dtype = validate_runtime(v.device, v.dtype, cfg.hardware.device, target.dtype)
     hw = cfg.hardware
     return Expected(
         hardware=hw.name,

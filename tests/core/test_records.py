@@ -441,7 +441,7 @@ def test_the_manifest_the_extract_stage_writes_is_what_train_reads(tmp_path: Pat
     spec = describe_target(FIXTURE, cfg.model)
     # what extract.online.record_online does once its checks passed
     engine = build_engine(cfg, spec, FIXTURE, "extract", staging=STAGING_PLACEHOLDER)
-    key = manifest_key(spec, FIXTURE, cfg.extract.dtype, "vllm", "0" * 64)
+    key = manifest_key(spec, FIXTURE, cfg.extract.dtype, "vllm", "0" * 64, "float32")
     rows = Rows(path=tmp_path / "prepared", dataset=None, lengths=[100] * 8, sha256="0" * 64)
     out = tmp_path / "hidden_states"
     out.mkdir()

@@ -19,6 +19,7 @@ from eagle3_pipeline.preflight.record import DiskReading
 from eagle3_pipeline.preflight.result import render_preflight
 from eagle3_pipeline.preflight.run import run_preflight
 from eagle3_pipeline.preflight.view import PreflightInputs
+from eagle3_pipeline.runtime.cpu import CpuReading
 from eagle3_pipeline.runtime.gpu import (
     GpuInfo,
     GpuProcess,
@@ -27,6 +28,7 @@ from eagle3_pipeline.runtime.gpu import (
     open_reader,
     select_visible,
 )
+from eagle3_pipeline.runtime.precision import default_precision
 
 REPO = Path(__file__).resolve().parents[2]
 CONF = REPO / "conf"
@@ -530,3 +532,52 @@ def test_an_mla_draft_vllms_cpu_kernel_cannot_run_is_refused_before_training(
         mla_draft_problem(PreflightInputs.from_config(cfg), dataclasses.replace(shape, mla=None))
         is None
     )
+
+
+# --------------------------------------------------------------------------- precision
+
+
+def _preflight(tmp_path: Path, cpu: CpuReading, *overrides: str):
+    cfg = cfg_for(tmp_path, "validate.vllm=false", *overrides)
+    return cfg, run_preflight(
+        PreflightInputs.from_config(cfg),
+        env={},
+        open_nvml=_no_driver,
+        free_fn=lambda p: PLENTY,
+        versions=VERSIONS,
+        vllm_probe=vllm_build(cpu=True),
+        cpu_probe=lambda: cpu,
+    )
+
+
+@pytest.mark.parametrize(("cpu", "dtype"), [(XEON_AMX, "bfloat16"), (EPYC, "float32")])
+def test_preflight_chooses_for_a_real_target_from_the_cpu(
+    tmp_path: Path, cpu: CpuReading, dtype: str
+) -> None:
+    """SmolLM2 (a converted GGUF: a real target) on a CPU with and without native bf16:
+    the choice is recorded in the details and written for the later stages."""
+    from eagle3_pipeline.preflight.result import write_outputs
+
+    cfg, res = _preflight(tmp_path, cpu, "model=smollm2_135m")
+    assert res.precision is not None and res.precision.dtype == dtype
+    assert res.metrics.precision == res.precision and res.metrics.cpu == cpu
+    (cpu_check,) = [c for c in res.checks if c.name == "cpu"]
+    assert cpu_check.reading.endswith(f"; the target in {dtype}")
+    write_outputs(PreflightInputs.from_config(cfg), res)
+    written = json.loads(Path(cfg.paths.precision).read_text())
+    assert written == {"dtype": dtype, "why": res.precision.why}
+
+
+def test_model_dtype_set_overrides_the_choice_in_the_table_only(tmp_path: Path) -> None:
+    """model.dtype=float32 on an AMX CPU: the stages read the key (the file still holds
+    the rule's choice for keys left null, e.g. train.dtype)."""
+    _cfg, res = _preflight(tmp_path, XEON_AMX, "model=smollm2_135m", "model.dtype=float32")
+    assert res.precision is not None and res.precision.dtype == "bfloat16"
+    (cpu_check,) = [c for c in res.checks if c.name == "cpu"]
+    assert cpu_check.reading.endswith("; the target in float32")
+
+
+def test_the_tiny_default_stays_float32_on_an_amx_cpu(tmp_path: Path) -> None:
+    _cfg, res = _preflight(tmp_path, XEON_AMX)
+    assert res.precision == default_precision("cpu", True, None)
+    assert res.precision is not None and res.precision.dtype == "float32"

@@ -20,10 +20,13 @@ from eagle3_pipeline.extract.record import (
 )
 from eagle3_pipeline.preflight.record import CheckVerdict, PreflightRecord
 from eagle3_pipeline.runtime.gpu import GpuReading, GpuRelease, GpuSnapshot
+from eagle3_pipeline.runtime.precision import default_precision
 from eagle3_pipeline.targets.record import ConverterVersions, GgufConversion, TargetRecord
 from eagle3_pipeline.train.record import EpochSharding, TrainRecipe, TrainRecord
 from eagle3_pipeline.validate.record import ValidateRecord
 
+# what preflight chooses for the tiny default on every CPU
+TINY_FP32 = default_precision("cpu", tiny=True, cpu=EPYC)
 CPU_GPU = GpuRelease(mode="not applicable", reason="trained on CPU")
 
 
@@ -42,6 +45,7 @@ def preflight_record(**overrides: Any) -> PreflightRecord:
         gpu_count_visible=0,
         gpus=[],
         cpu=EPYC,
+        precision=TINY_FP32,
         torch=None,
         packages={"torch": "2.9.0"},
         disk=None,
@@ -81,6 +85,7 @@ def target_record(**overrides: Any) -> TargetRecord:
         hidden_size=64,
         vocab_size=1024,
         aux_layer_ids=[1, 2, 3],
+        precision=TINY_FP32,
     )
     return TargetRecord(**{**fields, **overrides})
 
@@ -138,6 +143,7 @@ def extract_record(**overrides: Any) -> ExtractRecord:
         target="tiny-kimi",
         aux_layer_ids=[1, 2, 3],
         dtype="bfloat16",
+        precision=TINY_FP32,
         rank=0,
         world_size=1,
         samples=8,
@@ -197,6 +203,7 @@ def train_record(**overrides: Any) -> TrainRecord:
         peak_memory_mib=900.0,
         device="cpu",
         dtype="float32",
+        dtype_why=TINY_FP32.why,
         attn_implementation="sdpa_packed",
         loss_implementation="eager",
         world_size=1,

@@ -455,8 +455,8 @@ def test_fsdp_on_two_cpu_workers_checkpoints_and_resumes(
 
 def test_parallel_mode_selection(tmp_path: Path) -> None:
     from eagle3_pipeline.core.config import Config, DraftShapeConfig
-    from eagle3_pipeline.runtime.precision import Precision, write_precision
     from eagle3_pipeline.draft.shape import estimate_parameters, resolve_draft_shape
+    from eagle3_pipeline.runtime.precision import Precision, write_precision
     from eagle3_pipeline.train.distributed import dist_backend
     from eagle3_pipeline.train.runtime import choose_parallel, resolve_runtime
 

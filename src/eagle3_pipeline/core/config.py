@@ -229,10 +229,14 @@ class ModelConfig:
     aux_layer_ids: list[int] | None = setting(
         None, "layers whose input residual stream the draft reads (null: the family's default)"
     )
-    # Precision the target runs in for extraction / generation on GPUs (the tiny target
-    # is trained and served in float32; real targets set bfloat16).
-    dtype: Dtype = setting(
-        Dtype.float32, "precision the target runs in for extraction and generation"
+    # Precision the target is converted to and runs in (regeneration, extraction, serving).
+    # null: preflight's choice (runtime.precision): float32 for a tiny target built here,
+    # bfloat16 for a real one on GPUs and on CPUs that compute bf16 natively, float32 on
+    # other CPUs.
+    dtype: Dtype | None = setting(
+        None,
+        "precision the target is converted to and runs in (null: preflight chooses: float32 "
+        "for a tiny target; bf16 for a real one on GPUs and on CPUs with native bf16)",
     )
 
     @property
@@ -603,7 +607,9 @@ class TrainConfig:
     # Overrides of the hardware profile; null = chosen from hardware.device.
     device: Device | None = setting(None, "train on this device (null: hardware.device)")
     dtype: Dtype | None = setting(
-        None, "training precision (null: hardware.train_dtype on CUDA, float32 on CPU)"
+        None,
+        "training precision (null: hardware.train_dtype on CUDA; on CPU preflight's choice, "
+        "bf16 with float32 master weights for a real target on a CPU with native bf16)",
     )
     attn_implementation: AttnImplementation | None = setting(
         None, "attention kernel (null: sdpa_packed on CPU)"
@@ -727,6 +733,11 @@ class PathsConfig:
     init_fingerprint: str = setting(
         "${data_dir}/preflight/init_fingerprint.json",
         "train.init_from's content digest (a train dependency)",
+    )
+    # the precision preflight chose for this target (a dependency of every later stage)
+    precision: str = setting(
+        "${data_dir}/preflight/precision.json",
+        "the precision preflight chose where model.dtype / train.dtype are null",
     )
     target: str = setting("${data_dir}/target", "the target stage's output")
     prepared: str = setting("${data_dir}/prepared", "prepare's training rows")

@@ -37,6 +37,7 @@ from eagle3_pipeline.data.conversations import (
     turn_tokens,
     write_prepared,
 )
+from eagle3_pipeline.runtime.precision import model_precision
 from eagle3_pipeline.data.view import PrepareInputs
 from eagle3_pipeline.data.pinned import PinnedFileError, data_file
 from eagle3_pipeline.data.record import PrepareRecord, Regeneration
@@ -114,10 +115,17 @@ def target_content(cfg: PrepareInputs, model_dir: Path) -> dict[str, Any]:
 
 
 def make_backend(
-    cfg: PrepareInputs, spec: Any, model_dir: Path, tokenizer: Any, eot: list[int], server: Any = None
+    cfg: PrepareInputs,
+    spec: Any,
+    model_dir: Path,
+    tokenizer: Any,
+    eot: list[int],
+    server: Any = None,
+    dtype: str = "float32",
 ) -> Any:
     """The regeneration backend; ``server``: the ``vllm serve`` this run started, if any
-    (its per-run API key), else a server the user runs (key from ``api_key_env``)."""
+    (its per-run API key), else a server the user runs (key from ``api_key_env``);
+    ``dtype``: the target's precision (the hf backend's; a server was started in it)."""
     from eagle3_pipeline.data.regenerate_hf import HFBackend
     from eagle3_pipeline.data.regenerate_server import ServerBackend
 
@@ -132,7 +140,7 @@ def make_backend(
             d.max_new_tokens,
             d.generate_batch_size,
             device="cuda" if cuda else "cpu",
-            dtype=cfg.model.dtype if cuda else "float32",
+            dtype=dtype,
         )
     from eagle3_pipeline.serving.identity import expected_model
 
@@ -157,9 +165,10 @@ def make_backend(
 
 
 def server_context(
-    cfg: PrepareInputs, spec: Any, model_dir: Path
+    cfg: PrepareInputs, spec: Any, model_dir: Path, dtype: str
 ) -> contextlib.AbstractContextManager[Any]:
-    """``vllm serve`` for the run when ``data.server.start``; else nothing to manage."""
+    """``vllm serve`` for the run, in ``dtype``, when ``data.server.start``; else nothing
+    to manage."""
     from eagle3_pipeline.data.regenerate_server import managed_server
     from eagle3_pipeline.serving.engine import build_engine, log_file
     from eagle3_pipeline.serving.env import find_python
@@ -167,7 +176,7 @@ def server_context(
     s = cfg.data.server
     if cfg.data.regenerate_backend != "server" or not s.start:
         return contextlib.nullcontext()
-    engine = build_engine(cfg, spec, model_dir, "regenerate")
+    engine = build_engine(cfg, spec, model_dir, "regenerate", dtype=dtype)
     return managed_server(
         engine,
         find_python(cfg.vllm.python),
@@ -190,6 +199,10 @@ def prepare(cfg: PrepareInputs, progress: bool = True) -> PrepareRecord:
             raise StageError(str(exc)) from None
     spec = load_target_spec(Path(cfg.paths.target) / "target.json")
     model_dir = Path(str(spec.path))
+    m = cfg.model
+    precision = model_precision(
+        m.dtype, cfg.hardware.device, m.tiny is not None, cfg.paths.precision
+    )
     tokenizer = load_tokenizer(model_dir, spec.trust_remote_code)
     eot = end_of_turn_ids(tokenizer, model_dir)
     convs, bad, n_in = load_conversations(d, cfg.seed, require_assistant=not d.regenerate)
@@ -217,9 +230,11 @@ def prepare(cfg: PrepareInputs, progress: bool = True) -> PrepareRecord:
     if d.regenerate:
         from eagle3_pipeline.data.regenerate import GenerationCache, cache_path, regenerate_rows
 
-        with server_context(cfg, spec, model_dir) as server:
-            backend = make_backend(cfg, spec, model_dir, tokenizer, eot, server)
+        with server_context(cfg, spec, model_dir, precision.dtype) as server:
+            backend = make_backend(cfg, spec, model_dir, tokenizer, eot, server, precision.dtype)
             key = {**backend.fingerprint(), "target": target_content(cfg, model_dir)}
+            if server is not None:  # a server this run started answers in the run's precision
+                key["dtype"] = precision.dtype
             cache = GenerationCache(cache_path(regenerate_cache_dir(cfg), key))
             rows, stats = regenerate_rows(
                 train,
@@ -283,6 +298,7 @@ def prepare(cfg: PrepareInputs, progress: bool = True) -> PrepareRecord:
         max_seq_len=d.max_seq_len,
         regenerate=d.regenerate,
         backend=d.regenerate_backend if d.regenerate else None,
+        precision=precision if d.regenerate else None,
         reasoning=d.reasoning,
         regeneration=regen,
         wall_s=round(time.perf_counter() - t0, 3),

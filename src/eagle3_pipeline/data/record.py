@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from eagle3_pipeline.runtime.precision import Precision
 from eagle3_pipeline.core.records import Record, headline, optional
 
 
@@ -33,6 +34,9 @@ class PrepareRecord(Record):
     max_seq_len: int  # data.max_seq_len
     regenerate: bool  # data.regenerate: assistant turns are the target's own answers
     backend: str | None  # data.regenerate_backend, None without regeneration
+    # the target's precision in regeneration and why (model.dtype, else preflight's
+    # choice); None without regeneration
+    precision: Precision | None = optional()
     reasoning: str  # data.reasoning
     regeneration: Regeneration | None = optional()  # its counts, None without regeneration
     wall_s: float  # the stage's own time

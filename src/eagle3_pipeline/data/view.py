@@ -30,7 +30,7 @@ class PrepareModel(Inputs):
     tiny: TinyModelConfig | None  # the tiny tokenizer's reasoning markers
     gguf: GgufSourceConfig | None
     fingerprint: FingerprintMode  # how a local target's weights enter the key
-    dtype: Dtype  # regeneration's precision on GPUs
+    dtype: Dtype | None  # regeneration's precision (null: preflight's choice)
 
     @property
     def built_here(self) -> bool:
@@ -49,6 +49,7 @@ class PreparePaths(Inputs):
     prepared: str
     heldout: str
     bad_lines: str
+    precision: str  # preflight's choice of precision (read where model.dtype is null)
     details: str
     cache: str = cache_place()
 

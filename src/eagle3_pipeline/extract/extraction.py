@@ -33,6 +33,7 @@ from eagle3_pipeline.extract.record import ExtractRecord
 from eagle3_pipeline.extract.rows import Rows, load_rows
 from eagle3_pipeline.extract.view import ExtractInputs
 from eagle3_pipeline.runtime.dvc_cache import release_damaged
+from eagle3_pipeline.runtime.precision import Precision, model_precision
 from eagle3_pipeline.targets.adapter import TargetSpec, load_target_spec
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,13 @@ def checked_target(cfg: ExtractInputs) -> tuple[TargetSpec, Path, str]:
     return spec, model_dir, tok_sha
 
 
+def target_precision(cfg: ExtractInputs) -> Precision:
+    """The precision the target computes the states in (``model.dtype``, else preflight's
+    choice): part of the files' key, since the states' values depend on it."""
+    m = cfg.model
+    return model_precision(m.dtype, cfg.hardware.device, m.tiny is not None, cfg.paths.precision)
+
+
 def begin(cfg: ExtractInputs, backend: str) -> Extraction:
     """Every check that can fail before a model is loaded or a file is written."""
     spec, model_dir, tok_sha = checked_target(cfg)
@@ -108,7 +116,9 @@ def begin(cfg: ExtractInputs, backend: str) -> Extraction:
     )
     created = prepare_output(out)
     remove_stale_temps(out)
-    key = manifest_key(spec, model_dir, cfg.extract.dtype, backend, tok_sha)
+    key = manifest_key(
+        spec, model_dir, cfg.extract.dtype, backend, tok_sha, target_precision(cfg).dtype
+    )
     try:
         reusable = check_manifest(out, key, rows, cfg.extract.on_mismatch)
         if old_count > len(rows):  # a shrink: the files' own token ids confirm the proof
@@ -191,6 +201,7 @@ def extract_record(
         target=spec.name,
         aux_layer_ids=list(spec.aux_layer_ids),
         dtype=str(e.dtype),
+        precision=target_precision(cfg),
         rank=e.rank,
         world_size=e.world_size,
         samples=len(rows),

@@ -21,6 +21,7 @@ from eagle3_pipeline.extract.extraction import (
     check_output_disk,
     cleanup_if_empty,
     extract_record,
+    target_precision,
 )
 from eagle3_pipeline.extract.manifest import write_manifest
 from eagle3_pipeline.extract.record import ExtractPlan, ExtractRecord
@@ -77,7 +78,11 @@ def extract_hf(cfg: ExtractInputs, progress: bool = True) -> ExtractRecord:
         lm = None
         if work.todo:
             lm = load_language_model(
-                spec, ex.model_dir, cfg.model.dtype, cfg.hardware.device, cfg.hardware.gpu_count
+                spec,
+                ex.model_dir,
+                target_precision(cfg).dtype,
+                cfg.hardware.device,
+                cfg.hardware.gpu_count,
             )
         write_manifest(
             ex.out,

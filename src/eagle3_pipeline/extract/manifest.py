@@ -52,10 +52,11 @@ _hashed: list[tuple[Rows, list[str]]] = []
 
 
 def manifest_key(
-    spec: TargetSpec, model_dir: Path, dtype: str, backend: str, tok_sha: str
+    spec: TargetSpec, model_dir: Path, dtype: str, backend: str, tok_sha: str, compute_dtype: str
 ) -> dict[str, Any]:
     """Everything that makes two hidden-state files incompatible. Files are only ever
-    added to a directory whose manifest carries exactly this key."""
+    added to a directory whose manifest carries exactly this key (``dtype``: the stored
+    states'; ``compute_dtype``: the target's, which changes their values)."""
     pinned = bool(spec.hub_id and spec.revision)
     return {
         "format": FORMAT,
@@ -78,6 +79,7 @@ def manifest_key(
         ),
         "hidden_size": spec.hidden_size,
         "dtype": dtype,
+        "compute_dtype": compute_dtype,
     }
 
 

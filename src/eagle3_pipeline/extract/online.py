@@ -18,7 +18,12 @@ import logging
 import time
 
 from eagle3_pipeline.core.errors import ConfigError
-from eagle3_pipeline.extract.extraction import checked_target, extract_record, prepare_output
+from eagle3_pipeline.extract.extraction import (
+    checked_target,
+    extract_record,
+    prepare_output,
+    target_precision,
+)
 from eagle3_pipeline.extract.layout import MANIFEST, output_dir, prepared_rows_dir
 from eagle3_pipeline.extract.manifest import (
     existing_files,
@@ -56,7 +61,14 @@ def record_online(cfg: ExtractInputs) -> ExtractRecord:
     spec, model_dir, tok_sha = checked_target(cfg)
     rows = load_rows(prepared_rows_dir(cfg), spec.vocab_size)
     # the train stage picks the connector's directory when it starts the server
-    engine = build_engine(cfg, spec, model_dir, "extract", staging=STAGING_PLACEHOLDER)
+    engine = build_engine(
+        cfg,
+        spec,
+        model_dir,
+        "extract",
+        staging=STAGING_PLACEHOLDER,
+        dtype=target_precision(cfg).dtype,
+    )
     longest = max(rows.lengths)
     if longest + 1 > engine.max_model_len:  # the profile's, capped at the model's window
         raise ConfigError(
@@ -78,7 +90,9 @@ def record_online(cfg: ExtractInputs) -> ExtractRecord:
             out,
             len(old),
         )
-    key = manifest_key(spec, model_dir, cfg.extract.dtype, "vllm", tok_sha)
+    key = manifest_key(
+        spec, model_dir, cfg.extract.dtype, "vllm", tok_sha, target_precision(cfg).dtype
+    )
     write_manifest(
         out,
         key,

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from eagle3_pipeline.core.records import Record, optional
+from eagle3_pipeline.runtime.precision import Precision
 from eagle3_pipeline.serving.engine import Engine
 
 
@@ -32,6 +33,9 @@ class ExtractRecord(Record):
     aux_layer_ids: list[int]  # the layers whose inputs were captured, then the final state
     vllm_layer_ids: list[int] | None = optional()  # vllm: the ids vLLM captures (+ final)
     dtype: str  # extract.dtype of the stored states
+    # the target's precision while computing them, and why (model.dtype, else preflight's
+    # choice)
+    precision: Precision
     rank: int  # extract.rank
     world_size: int  # extract.world_size
     samples: int  # prepared rows
@@ -143,6 +147,9 @@ class ExtractManifest(Record):
     layers: ManifestLayers  # aux_layer_ids, where the final state is, the tensor layout
     hidden_size: int  # the states' last dimension
     dtype: str  # extract.dtype of the stored states
+    # the target's precision that computed them (a manifest from before it: None, and its
+    # files are not reused by a run that states one)
+    compute_dtype: str | None = optional()
     # what the files were extracted from and how
     samples: ManifestSamples  # count, tokens and input_ids_sha256 of the rows
     plan: ExtractPlan  # hf: the batch plan's settings; vllm: the layer ids vLLM captures

@@ -5,14 +5,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from eagle3_pipeline.core.choices import Device, Dtype
-from eagle3_pipeline.core.config import ExtractConfig, ServingConfig, VllmConfig
+from eagle3_pipeline.core.config import (
+    ExtractConfig,
+    ServingConfig,
+    TinyModelConfig,
+    VllmConfig,
+)
 from eagle3_pipeline.core.inputs import Inputs
 
 
 @dataclass(frozen=True)
 class ExtractModel(Inputs):
     aux_layer_ids: list[int] | None  # must agree with target.json's (a stale target)
-    dtype: Dtype  # the target's precision on GPUs
+    dtype: Dtype | None  # the target's precision (null: preflight's choice)
+    tiny: TinyModelConfig | None  # a tiny target stays float32 (preflight's rule)
 
 
 @dataclass(frozen=True)
@@ -28,6 +34,7 @@ class ExtractPaths(Inputs):
     target: str
     prepared: str
     hidden_states: str
+    precision: str  # preflight's choice of precision (read where model.dtype is null)
     details: str
 
 

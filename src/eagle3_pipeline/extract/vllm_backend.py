@@ -34,6 +34,7 @@ from eagle3_pipeline.extract.extraction import (
     check_output_disk,
     cleanup_if_empty,
     extract_record,
+    target_precision,
 )
 from eagle3_pipeline.extract.layout import hs_path
 from eagle3_pipeline.extract.manifest import write_manifest
@@ -172,7 +173,14 @@ def extract_vllm(cfg: ExtractInputs) -> ExtractRecord:
         gen_wall = 0.0
         if todo:
             staging.mkdir(exist_ok=True)
-            engine = build_engine(cfg, spec, ex.model_dir, "extract", staging=staging)
+            engine = build_engine(
+                cfg,
+                spec,
+                ex.model_dir,
+                "extract",
+                staging=staging,
+                dtype=target_precision(cfg).dtype,
+            )
             server = engine_server(
                 engine,
                 find_python(cfg.vllm.python),

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from eagle3_pipeline.core.records import Record, headline
 from eagle3_pipeline.runtime.cpu import CpuReading
 from eagle3_pipeline.runtime.gpu import GpuReading, GpuSnapshot
+from eagle3_pipeline.runtime.precision import Precision
 
 
 @dataclass
@@ -90,6 +91,9 @@ class PreflightRecord(Record):
     gpu_count_visible: int  # GPUs the run would use
     gpus: list[GpuReading]  # per visible GPU: NVML's reading (uuid, memory, processes)
     cpu: CpuReading  # the CPU: its model, bf16 flags, torch's report, native bf16 or none
+    # the precision the later stages use where model.dtype / train.dtype are null, and why
+    # (written to paths.precision, which they depend on)
+    precision: Precision
     torch: TorchView | None  # torch's view of CUDA, None when not asked (cpu mode)
     packages: dict[str, str | None]  # installed version per package checked
     # the disk need vs free space (DiskUnknown: it cannot be estimated), None when the

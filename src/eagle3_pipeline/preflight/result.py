@@ -18,6 +18,7 @@ from eagle3_pipeline.preflight.record import PreflightRecord
 from eagle3_pipeline.preflight.view import PreflightInputs
 from eagle3_pipeline.runtime.cpu import CpuReading
 from eagle3_pipeline.runtime.gpu import VisibleGpu
+from eagle3_pipeline.runtime.precision import Precision, write_precision
 
 
 @dataclass
@@ -41,6 +42,7 @@ class PreflightResult:
     target_fingerprint: dict[str, Any] | None = None  # None: the target was not found
     data_fingerprint: dict[str, Any] | None = None
     init_fingerprint: dict[str, Any] | None = None
+    precision: Precision | None = None  # the choice for the later stages (runtime.precision)
 
     @property
     def passed(self) -> bool:
@@ -117,4 +119,6 @@ def write_outputs(cfg: PreflightInputs, result: PreflightResult) -> None:
         atomic_write_json(Path(cfg.paths.data_fingerprint), result.data_fingerprint)
     if result.init_fingerprint is not None:
         atomic_write_json(Path(cfg.paths.init_fingerprint), result.init_fingerprint)
+    if result.precision is not None:
+        write_precision(cfg.paths.precision, result.precision)
     write_stage_metrics(cfg, result.metrics)

@@ -54,6 +54,7 @@ from eagle3_pipeline.runtime.gpu import (
     read_all,
     select_visible,
 )
+from eagle3_pipeline.runtime.precision import chosen, default_precision
 
 
 @dataclass
@@ -111,9 +112,12 @@ def run_preflight(
     machine = _read_machine(reader, open_nvml, env)
     visible = machine.visible
     cpu = cpu_probe()
+    # the CPU's capability decides a CPU run's precision (runtime.precision)
+    precision = default_precision(hw.device, cfg.model.tiny is not None, cpu)
+    target_precision = chosen("model.dtype", cfg.model.dtype, precision)
     checks = [
         check_driver(cfg, machine.no_driver, len(visible)),
-        Check("cpu", True, cpu.describe()),
+        Check("cpu", True, f"{cpu.describe()}; the target in {target_precision.dtype}"),
         *machine.checks,
     ]
     use_gpus = hw.device == "cuda" and machine.no_driver is None
@@ -153,6 +157,7 @@ def run_preflight(
         gpu_count_visible=len(visible),
         gpus=[gpu_reading(v) for v in visible],
         cpu=cpu,
+        precision=precision,
         torch=view,
         packages=vers,
         disk=disk_info,
@@ -170,6 +175,7 @@ def run_preflight(
         fingerprint,
         data_fingerprint,
         init_fingerprint,
+        precision,
     )
 
 

@@ -17,6 +17,7 @@ from eagle3_pipeline.core.config import (
     validate_runtime,
 )
 from eagle3_pipeline.core.inputs import Inputs, cache_place
+from eagle3_pipeline.runtime.precision import chosen, default_precision
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ class PreflightPaths(Inputs):
     target_fingerprint: str
     data_fingerprint: str
     init_fingerprint: str
+    precision: str  # the precision chosen for the later stages (written here)
     details: str
     cache: str = cache_place()
 
@@ -95,4 +97,11 @@ class PreflightInputs(Inputs):
     def validate_runtime(self) -> tuple[str, str]:
         """The device and dtype validate will ask of vLLM."""
         v = self.validate
-        return validate_runtime(v.device, v.dtype, self.hardware.device, self.model.dtype)
+        return validate_runtime(v.device, v.dtype, self.hardware.device, self.target_dtype())
+
+    def target_dtype(self) -> str:
+        """The target's precision as the later stages will resolve it (``model.dtype``,
+        else the rule; the CPU's capability matters only where validate's null dtype
+        does not already mean float32, i.e. off the CPU)."""
+        rule = default_precision(self.hardware.device, self.model.tiny is not None, None)
+        return chosen("model.dtype", self.model.dtype, rule).dtype

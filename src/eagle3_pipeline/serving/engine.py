@@ -238,7 +238,7 @@ class _ServingHardware(Protocol):
 
 class _ServedModel(Protocol):
     @property
-    def dtype(self) -> Dtype: ...
+    def dtype(self) -> Dtype | None: ...
 
 
 class EngineInputs(Protocol):
@@ -303,6 +303,9 @@ def build_engine(
     with_draft = purpose == "validate"
     if draft_mla is None:  # read from the draft (a plan prints commands before it exists)
         draft_mla = with_draft and draft_dir is not None and draft_has_mla(draft_dir)
+    if dtype is None and cfg.model.dtype is None:
+        # model.dtype null: the stage resolved preflight's choice and passes it
+        raise ValueError("build_engine: no dtype (model.dtype is null: pass the resolved one)")
     dtype = str(dtype or cfg.model.dtype)
     eng = Engine(
         model=str(Path(model).absolute()) if Path(model).exists() else str(model),

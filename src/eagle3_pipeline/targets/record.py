@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from eagle3_pipeline.core.records import Record, optional
+from eagle3_pipeline.runtime.precision import Precision
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,9 @@ class TargetRecord(Record):
     hidden_size: int  # the target's hidden size
     vocab_size: int  # the target's vocabulary
     aux_layer_ids: list[int]  # the layers whose inputs the draft reads
+    # the precision the checkpoint is written in (a GGUF conversion) and the later stages
+    # run the target in, and why (model.dtype, else preflight's choice)
+    precision: Precision
     # the tiny target (model.tiny)
     parameters: int | None = optional()  # its parameter count
     train_tokens: int | None = optional()  # tokens of its training corpus

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from eagle3_pipeline.core.errors import ConfigError
 from eagle3_pipeline.core.io import atomic_dir, atomic_write_json
+from eagle3_pipeline.runtime.precision import Precision, model_precision
 from eagle3_pipeline.targets.adapter import TargetSource, TargetSpec, describe_target
 from eagle3_pipeline.targets.record import GgufConversion, TargetRecord
 from eagle3_pipeline.targets.tiny import TinyTarget
@@ -83,25 +84,38 @@ def check_target(spec: TargetSpec, model_dir: Path) -> None:
         )
 
 
-def _build(cfg: TargetInputs, model_dir: Path, progress: bool) -> TinyTarget | GgufConversion:
+def _build(
+    cfg: TargetInputs, model_dir: Path, progress: bool, dtype: str
+) -> TinyTarget | GgufConversion:
     """Write the checkpoint the target stage owns: build the tiny target, or convert the
-    GGUF file; what building it measured."""
+    GGUF file to ``dtype`` (the precision the later stages load it in); what building it
+    measured."""
     if cfg.model.gguf is not None:
         from eagle3_pipeline.targets.gguf import convert_gguf
 
         model_dir.mkdir(parents=True)
-        return convert_gguf(cfg.model.gguf, cfg.model.name, str(cfg.model.dtype), model_dir)
+        return convert_gguf(cfg.model.gguf, cfg.model.name, dtype, model_dir)
     from eagle3_pipeline.targets.tiny import build_tiny_target
 
     assert cfg.model.tiny is not None
     return build_tiny_target(cfg.model.tiny, cfg.target, model_dir, cfg.seed, progress)
 
 
-def target_record(spec: TargetSpec, built: TinyTarget | GgufConversion | None) -> TargetRecord:
-    """The stage's record, field by field: the target's shape facts and, for a target the
-    stage built (``built``; None: a real target, described only), what building it cost."""
+def target_precision(cfg: TargetInputs) -> Precision:
+    """The precision the checkpoint is written in and the later stages run it in."""
+    m = cfg.model
+    return model_precision(m.dtype, cfg.hardware.device, m.tiny is not None, cfg.paths.precision)
+
+
+def target_record(
+    spec: TargetSpec, built: TinyTarget | GgufConversion | None, precision: Precision
+) -> TargetRecord:
+    """The stage's record, field by field: the target's shape facts, the precision the
+    later stages run it in and, for a target the stage built (``built``; None: a real
+    target, described only), what building it cost."""
     record = TargetRecord(
         built=built is not None,
+        precision=precision,
         name=spec.name,
         architecture=spec.architecture,
         num_layers=spec.num_layers,
@@ -139,18 +153,20 @@ def resolve_target(cfg: TargetInputs, progress: bool = True) -> tuple[TargetSpec
             from eagle3_pipeline.targets.gguf import inspect_gguf
 
             inspect_gguf(cfg.model.gguf, cfg.model.name)  # refused before anything is written
+        precision = target_precision(cfg)
         with atomic_dir(out) as tmp:
             model_dir = tmp / MODEL_SUBDIR
-            built = _build(cfg, model_dir, progress)
+            built = _build(cfg, model_dir, progress, precision.dtype)
             final_model_dir = out / MODEL_SUBDIR
             spec = describe_target(model_dir, cfg.model)
             spec.path = str(final_model_dir)
             check_target(spec, model_dir)
             atomic_write_json(tmp / TARGET_JSON, spec.to_dict())
-        return spec, target_record(spec, built)
+        return spec, target_record(spec, built, precision)
     model_dir = locate_real_target(cfg.model)
+    precision = target_precision(cfg)
     spec = describe_target(model_dir, cfg.model)
     check_target(spec, model_dir)
     with atomic_dir(out) as tmp:
         atomic_write_json(tmp / TARGET_JSON, spec.to_dict())
-    return spec, target_record(spec, None)
+    return spec, target_record(spec, None, precision)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from eagle3_pipeline.core.choices import Dtype
+from eagle3_pipeline.core.choices import Device, Dtype
 from eagle3_pipeline.core.config import (
     GgufSourceConfig,
     TargetStageConfig,
@@ -29,7 +29,7 @@ class TargetModel(Inputs):
     aux_layer_ids: list[int] | None
     tiny: TinyModelConfig | None
     gguf: GgufSourceConfig | None
-    dtype: Dtype
+    dtype: Dtype | None  # null: preflight's choice (paths.precision)
 
     @property
     def built_here(self) -> bool:
@@ -39,12 +39,19 @@ class TargetModel(Inputs):
 @dataclass(frozen=True)
 class TargetPaths(Inputs):
     target: str  # data/target: target.json, and the checkpoint it builds
+    precision: str  # preflight's choice of precision (read where model.dtype is null)
     details: str
+
+
+@dataclass(frozen=True)
+class TargetHardware(Inputs):
+    device: Device  # the precision rule's, where preflight wrote no choice
 
 
 @dataclass(frozen=True)
 class TargetInputs(Inputs):
     seed: int  # the tiny target's initialisation and data order
     model: TargetModel
+    hardware: TargetHardware
     target: TargetStageConfig  # how the tiny target is trained
     paths: TargetPaths

@@ -87,7 +87,8 @@ class TrainRecord(Record):
     wall_s: float  # the run, end to end
     peak_memory_mib: float  # rank 0: CUDA peak allocation, or peak RSS on CPU
     device: str  # cpu or cuda
-    dtype: str  # the training dtype
+    dtype: str  # the training dtype (bf16: autocast over float32 master weights)
+    dtype_why: str  # why: train.dtype, hardware.train_dtype, or preflight's choice on a CPU
     attn_implementation: str  # the draft's attention kernel
     loss_implementation: str  # eager or fused loss
     world_size: int  # training processes

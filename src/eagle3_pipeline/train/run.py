@@ -103,6 +103,7 @@ def run_record(
         peak_memory_mib=peak_memory_mib(plan.runtime.device),
         device=plan.runtime.device,
         dtype=plan.runtime.dtype,
+        dtype_why=plan.runtime.dtype_why,
         attn_implementation=trainer.attn,
         loss_implementation=trainer.loss_impl,
         world_size=d.world,

@@ -1,10 +1,13 @@
 """Where and how the draft trains: device, compute dtype, attention and loss kernels,
 worker count and the parallel mode (one process, DDP or FSDP2).
 
-Defaults follow the hardware profile; ``train.*`` overrides them. CPU trains in float32
-with sdpa attention and the eager loss. CUDA trains with float32 master weights under
-bfloat16 autocast (as speculators does); its attention and loss kernels are decided on the
-worker, which can see the GPU (see :mod:`eagle3_pipeline.train.loop`).
+Defaults follow the hardware profile; ``train.*`` overrides them. CPU trains with sdpa
+attention and the eager loss, in the precision preflight chose for the target
+(:mod:`eagle3_pipeline.runtime.precision`: bf16 for a real target on a CPU with native
+bf16, else float32). CUDA trains in ``hardware.train_dtype``. A bf16 run keeps float32
+master weights and optimizer state under bf16 autocast (as speculators does on GPUs);
+CUDA's attention and loss kernels are decided on the worker, which can see the GPU (see
+:mod:`eagle3_pipeline.train.loop`).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from eagle3_pipeline.draft.shape import DraftShape
+from eagle3_pipeline.runtime.precision import Precision, rule_precision, set_by
 from eagle3_pipeline.targets.adapter import TargetSpec
 from eagle3_pipeline.train.view import TrainInputs
 
@@ -26,6 +30,7 @@ class Runtime:
     world_size: int  # worker processes (GPUs) on this node
     parallel: str = "none"  # none (one process) | ddp | fsdp; set by plan_training
     nodes: int = 1  # hardware.nodes: one torchrun agent on each
+    dtype_why: str = ""  # why that dtype (the key that set it, or the rule that chose it)
 
     @property
     def launched(self) -> bool:
@@ -46,14 +51,27 @@ def resolve_runtime(cfg: TrainInputs) -> Runtime:
     The settings were checked when the config was composed (``core.config.validate``)."""
     t, hw = cfg.train, cfg.hardware
     device = t.device or hw.device
-    dtype = t.dtype or (hw.train_dtype if device == "cuda" else "float32")
+    if t.dtype is not None:
+        precision = set_by("train.dtype", t.dtype)
+    elif device == "cuda":
+        precision = Precision(str(hw.train_dtype), f"hardware.train_dtype of hardware={hw.name}")
+    else:  # preflight's choice for the target
+        precision = rule_precision(device, cfg.model.tiny is not None, cfg.paths.precision)
     attn = t.attn_implementation or ("sdpa_packed" if device == "cpu" else None)
     loss_impl = t.loss_implementation or ("eager" if device == "cpu" else None)
     if device != "cuda":
         world = t.nproc or 1
     else:
         world = t.nproc or max(1, hw.gpu_count)
-    return Runtime(device, dtype, attn, loss_impl, world, nodes=max(1, hw.nodes))
+    return Runtime(
+        device,
+        precision.dtype,
+        attn,
+        loss_impl,
+        world,
+        nodes=max(1, hw.nodes),
+        dtype_why=precision.why,
+    )
 
 
 def choose_parallel(

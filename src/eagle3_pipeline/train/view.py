@@ -5,13 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from eagle3_pipeline.core.choices import Device, Dtype
-from eagle3_pipeline.core.config import TrainConfig
+from eagle3_pipeline.core.config import TinyModelConfig, TrainConfig
 from eagle3_pipeline.core.inputs import Inputs
 
 
 @dataclass(frozen=True)
 class TrainModel(Inputs):
     name: str  # recorded in the details
+    tiny: TinyModelConfig | None  # a tiny target trains in float32 (preflight's rule)
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class TrainPathsInputs(Inputs):
     prepared: str
     hidden_states: str
     draft: str
+    precision: str  # preflight's choice of precision (read where train.dtype is null on CPU)
     train_state: str  # the resume state's place (not an output: dvc.yaml says why)
     details: str
     live: str

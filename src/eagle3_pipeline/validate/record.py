@@ -198,7 +198,8 @@ class ValidateRecord(Record):
     lossless_prompts: int  # prompts where it was
     divergences: list[Divergence]  # where it was not
     device: str  # where our decoder ran
-    dtype: str  # in which dtype
+    dtype: str  # in which dtype (vLLM's engines too)
+    dtype_why: str | None = optional()  # why: validate.dtype, float32 on a CPU, the target's
     # The prompt sets measured (validate.prompt_sets); the figures above pool them all.
     prompt_sets: list[str] = optional()
     # Acceptance length per prompt set: vLLM's counters' with validate.vllm, else ours

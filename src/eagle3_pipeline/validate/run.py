@@ -449,6 +449,7 @@ def validate_draft(
         divergences=acc.divergences,
         device=device,
         dtype=dtype,
+        dtype_why=cfg.precision()[1].why,
         prompt_sets=list(sets),
         # a headline only beside another set: heldout alone is the acceptance above
         acceptance_by_set=None if not benchmarks else headline_by_set(sets),

@@ -7,11 +7,12 @@ from dataclasses import dataclass
 from eagle3_pipeline.core.choices import DataSource, Device, Dtype
 from eagle3_pipeline.core.config import (
     ServingConfig,
+    TinyModelConfig,
     ValidateConfig,
     VllmConfig,
-    validate_runtime,
 )
 from eagle3_pipeline.core.inputs import Inputs
+from eagle3_pipeline.runtime.precision import Precision, model_precision, set_by
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,8 @@ class ValidateTrain(Inputs):
 
 @dataclass(frozen=True)
 class ValidateModel(Inputs):
-    dtype: Dtype  # the engines' precision off CPU
+    dtype: Dtype | None  # the engines' precision off CPU (null: preflight's choice)
+    tiny: TinyModelConfig | None  # a tiny target stays float32 (preflight's rule)
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,7 @@ class ValidatePaths(Inputs):
     heldout: str
     draft: str
     validate: str
+    precision: str  # preflight's choice of precision (read off CPU where model.dtype is null)
     details: str
     live: str
 
@@ -64,5 +67,20 @@ class ValidateInputs(Inputs):
 
     def runtime(self) -> tuple[str, str]:
         """The engines' device and dtype (the settings' ranges were checked at compose)."""
+        device, precision = self.precision()
+        return device, precision.dtype
+
+    def precision(self) -> tuple[str, Precision]:
+        """The engines' device and precision with its reason: ``validate.dtype``, else
+        float32 on a CPU (where vLLM's counters and our evaluator agree exactly: the
+        proof), else the target's (``model.dtype``, else preflight's choice)."""
         v = self.validate
-        return validate_runtime(v.device, v.dtype, self.hardware.device, self.model.dtype)
+        device = v.device or self.hardware.device
+        if v.dtype is not None:
+            return device, set_by("validate.dtype", v.dtype)
+        if device == "cpu":
+            return device, Precision(
+                "float32", "float32 on a CPU, where vLLM and our evaluator agree exactly"
+            )
+        m = self.model
+        return device, model_precision(m.dtype, device, m.tiny is not None, self.paths.precision)

@@ -39,6 +39,7 @@ from eagle3_pipeline.tools.plan.modes import (
     EXTRACT_KV_RESERVE,
     TRAIN_STAGE,
     hidden_state_modes,
+    planned_dtype,
     train_on_nodes,
 )
 from eagle3_pipeline.tools.plan.weights import estimate_serving, estimate_target_weights
@@ -89,9 +90,15 @@ def commands(cfg: Config, target: TargetInfo, overrides: list[str]) -> dict[str,
         "pipeline": _line(["dvc", "exp", "run", *(f"-S {_q(o)}" for o in overrides)]),
     }
     cuda = cfg.hardware.device == "cuda"
+    dtype = planned_dtype(cfg)
     if cuda or cfg.extract.backend == "vllm":
         engine = build_engine(
-            cfg, target.spec, ref, "extract", staging=Path(cfg.paths.hidden_states) / STAGING
+            cfg,
+            target.spec,
+            ref,
+            "extract",
+            staging=Path(cfg.paths.hidden_states) / STAGING,
+            dtype=dtype,
         )
         out["extract_server"] = engine.shell(cfg.extract.server.port)
     else:
@@ -114,6 +121,7 @@ def commands(cfg: Config, target: TargetInfo, overrides: list[str]) -> dict[str,
         target.spec,
         ref,
         "validate",
+        dtype=dtype,
         draft_dir=draft_dir,
         k=cfg.train.speculative_tokens,
         draft_mla=cfg.train.draft.layer_type == "mla",

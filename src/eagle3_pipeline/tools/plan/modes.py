@@ -20,6 +20,7 @@ from typing import Any
 from eagle3_pipeline.core.config import Config
 from eagle3_pipeline.plan.resources import DraftEstimate, StorageEstimate
 from eagle3_pipeline.plan.target_info import TargetInfo
+from eagle3_pipeline.runtime.precision import model_precision
 from eagle3_pipeline.serving.engine import build_engine
 from eagle3_pipeline.tools.plan.weights import ServingEstimate
 from eagle3_pipeline.train.nodes import node_env
@@ -42,6 +43,14 @@ ONLINE_NODES_NOTE = (
 )
 NODE0 = "$NODE0"  # node 0's address, as every multi-node command names it
 TRAIN_STAGE = "eagle3_pipeline.stages.train"
+
+
+def planned_dtype(cfg: Config) -> str:
+    """The target's precision the stages will resolve (``model.dtype``, else preflight's
+    choice, or what it will choose on this machine)."""
+    m = cfg.model
+    tiny = m.tiny is not None
+    return model_precision(m.dtype, cfg.hardware.device, tiny, cfg.paths.precision).dtype
 
 
 def _q(v: Any) -> str:
@@ -101,7 +110,12 @@ def hidden_state_modes(
         "gpu_bytes": gpu,
     }
     eng = build_engine(
-        replace_util(cfg, util), target.spec, ref, "extract", staging="/tmp/eagle3-online-XXXXXXXX"
+        replace_util(cfg, util),
+        target.spec,
+        ref,
+        "extract",
+        staging="/tmp/eagle3-online-XXXXXXXX",
+        dtype=planned_dtype(cfg),
     )
     if shared:
         online["gpus"] = (
