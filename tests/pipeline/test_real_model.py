@@ -134,6 +134,16 @@ def test_real_model_runs_the_graph_and_vllm_agrees_with_us(real_run):
     # real conversations: the seeded sample's content hash and the missing licence recorded
     p = _details(root, "prepare")
     assert p["conversations_train"] == 10
+    # one precision, preflight's choice for this CPU, ran through every stage after it
+    # (which one is tested per stated CPU in tests/runtime and tests/preflight); validate's
+    # proof stays float32
+    chosen = _details(root, "preflight")["precision"]
+    assert chosen["dtype"] in ("bfloat16", "float32")
+    assert p["precision"] == chosen == _details(root, "target")["precision"]
+    assert _details(root, "extract")["precision"] == chosen
+    assert _details(root, "train")["dtype"] == chosen["dtype"]
+    assert _details(root, "train")["dtype_why"] == chosen["why"]
+    assert v["dtype"] == "float32"
 
 
 def test_the_gguf_became_a_plain_tied_checkpoint(real_run):

@@ -169,8 +169,15 @@ def convert_gguf(
     tokenizer.save_pretrained(str(model_dir))
     del plain
 
-    reloaded = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, dtype))
-    diff = _max_logit_diff(reloaded.eval(), gguf_model.to(getattr(torch, dtype)), tokenizer)
+    # The check proves the mapping of every tensor, so it computes in float32 whatever the
+    # saved precision: the saved weights upcast, against the GGUF-loaded model's weights
+    # rounded to that precision (its rope buffers stay float32, as a reload computes them).
+    # A bf16 forward on both sides differs by its own rounding (1.1 on SmolLM2's logits).
+    reloaded = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    with torch.no_grad():
+        for param in gguf_model.parameters():
+            param.copy_(param.to(getattr(torch, dtype)).float())
+    diff = _max_logit_diff(reloaded.eval(), gguf_model, tokenizer)
     if diff > LOGITS_TOLERANCE:
         raise ConfigError(
             f"{path}: the converted checkpoint's logits differ from the GGUF-loaded model's "
