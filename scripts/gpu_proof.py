@@ -351,7 +351,7 @@ def expected(cfg: Config) -> Expected:
         device=str(hw.device),
         gpu_count=hw.gpu_count,
         gpu_name=hw.gpu_name,
-        model_dtype=str(cfg.model.dtype),
+        model_dtype=str(target.dtype),
         hs_dtype=str(cfg.extract.dtype),
         train_device=str(rt.device),
         train_dtype=str(rt.dtype),
