@@ -420,8 +420,8 @@ def test_float32_newton_schulz_is_torchs_iteration_at_higher_precision() -> None
     import torch.optim._muon as muon
 
     from eagle3_pipeline.compat.torch_muon import (
-        float32_newton_schulz_on_cpu,
         newton_schulz_float32,
+        newton_schulz_on_cpu,
     )
 
     torch.manual_seed(0)
@@ -435,7 +435,7 @@ def test_float32_newton_schulz_is_torchs_iteration_at_higher_precision() -> None
         assert ours.dtype == torch.float32 and ours.shape == g.shape
         assert torch.allclose(ours, ref, atol=0.05), (ours - ref).abs().max()
     # patched: torch's Muon step on CPU parameters goes through the float32 iteration
-    assert float32_newton_schulz_on_cpu() and float32_newton_schulz_on_cpu()  # idempotent
+    assert newton_schulz_on_cpu("float32") and newton_schulz_on_cpu("float32")  # idempotent
     p_ours = torch.nn.Parameter(torch.randn(32, 96))
     p_ref = torch.nn.Parameter(p_ours.detach().clone())
     grad = torch.randn(32, 96)
@@ -446,6 +446,53 @@ def test_float32_newton_schulz_is_torchs_iteration_at_higher_precision() -> None
     try:
         torch.optim.Muon([p_ref], lr=0.01).step()
     finally:
-        float32_newton_schulz_on_cpu()
+        newton_schulz_on_cpu("float32")
     assert not torch.equal(p_ours, p_ref)  # the precision differs ...
     assert torch.allclose(p_ours, p_ref, atol=1e-3)  # ... the update does not
+
+
+def test_a_bf16_run_orthogonalises_with_torchs_own_iteration_on_a_cpu() -> None:
+    """A run training in bf16 (a CPU with native bf16) keeps torch's bfloat16 iteration,
+    the fast one there; switching back to float32 restores the float32 one."""
+    import torch
+    import torch.optim._muon as muon
+
+    from eagle3_pipeline.compat.torch_muon import newton_schulz_on_cpu
+
+    torch.manual_seed(1)
+    g = torch.randn(32, 96)
+    coeffs = (3.4445, -4.7750, 2.0315)
+    try:
+        assert newton_schulz_on_cpu("bfloat16")
+        fn = muon._zeropower_via_newtonschulz
+        original = fn.__wrapped__
+        assert fn(g, coeffs, 5, 1e-7).dtype == torch.bfloat16
+        assert torch.equal(fn(g, coeffs, 5, 1e-7), original(g, coeffs, 5, 1e-7))
+        assert newton_schulz_on_cpu("float32")
+        assert muon._zeropower_via_newtonschulz(g, coeffs, 5, 1e-7).dtype == torch.float32
+    finally:
+        newton_schulz_on_cpu("float32")
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        newton_schulz_on_cpu("float16")
+
+
+def test_the_train_stage_orthogonalises_in_its_own_precision() -> None:
+    """build_optimizer sets the CPU iteration from the run's dtype (train/optim.py)."""
+    import torch
+    import torch.optim._muon as muon
+
+    from eagle3_pipeline.core.config import TrainConfig
+    from eagle3_pipeline.train.optim import build_optimizer
+
+    model = torch.nn.Linear(16, 8)
+    g = torch.randn(8, 16)
+    coeffs = (3.4445, -4.7750, 2.0315)
+    try:
+        build_optimizer(model, TrainConfig(optimizer="muon"), 4, "bfloat16")
+        assert muon._zeropower_via_newtonschulz(g, coeffs, 5, 1e-7).dtype == torch.bfloat16
+        build_optimizer(model, TrainConfig(optimizer="muon"), 4, "float32")
+        assert muon._zeropower_via_newtonschulz(g, coeffs, 5, 1e-7).dtype == torch.float32
+    finally:
+        from eagle3_pipeline.compat.torch_muon import newton_schulz_on_cpu
+
+        newton_schulz_on_cpu("float32")

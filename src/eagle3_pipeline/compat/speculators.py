@@ -321,8 +321,9 @@ def stock_cli_main(argv: list[str]) -> None:
     """speculators' own training CLI (``python -m speculators.train ARGS``), unchanged but
     for what a host without an accelerator needs (bench/recipe.py runs the stock recipe
     through it): the trainer's local rank is ``"cpu"`` instead of device 0, and the step
-    timer does not synchronize, and torch's Muon orthogonalises in float32 (as our trainer's:
-    ``compat/torch_muon.py``; bfloat16 took 55 s a step here). Flags a CPU forces are the caller's (sdpa attention, the
+    timer does not synchronize, and torch's Muon orthogonalises in float32 on a CPU without
+    native bf16 (as our float32 runs do: ``compat/torch_muon.py``; bfloat16 took 55 s a step
+    there), in its own bfloat16 on one with it (AMX, AVX512-BF16). Flags a CPU forces are the caller's (sdpa attention, the
     eager loss, few loader workers)."""
     import sys
 
@@ -332,10 +333,12 @@ def stock_cli_main(argv: list[str]) -> None:
     from speculators.train.config import TrainConfig
 
     if not torch.accelerator.is_available():
-        from eagle3_pipeline.compat.torch_muon import float32_newton_schulz_on_cpu
+        from eagle3_pipeline.compat.torch_muon import newton_schulz_on_cpu
+        from eagle3_pipeline.runtime.cpu import read_this_cpu
 
         _patch_cpu_step_timer()
         trainer_mod.get_local_rank = lambda: "cpu"  # type: ignore[assignment,return-value]
-        float32_newton_schulz_on_cpu()  # the stock Muon too: bf16 matmuls crawl on a CPU
+        # the stock Muon too: bf16 matmuls crawl on a CPU without native bf16
+        newton_schulz_on_cpu("bfloat16" if read_this_cpu().native_bf16 else "float32")
     sys.argv = ["speculators.train", *argv]
     main(TrainConfig.resolve())

@@ -105,7 +105,9 @@ class DraftTrainer:
         self.ddp_model = wrap_parallel(
             self.model, self.parallel, d, self.device, self.autocast_dtype
         )
-        self.optimizer, self.scheduler = build_optimizer(self.model, self.t, self.total_steps)
+        self.optimizer, self.scheduler = build_optimizer(
+            self.model, self.t, self.total_steps, rt.dtype
+        )
         self.global_step = 0
         self.history = History()
         self.curves: LiveCurves | None = None  # rank 0 only, from run() on

@@ -87,18 +87,21 @@ def _schedule(optimizer: Any, t: TrainConfig, total_steps: int) -> Any:
 
 
 def build_optimizer(
-    model: Any, t: TrainConfig, total_steps: int
+    model: Any, t: TrainConfig, total_steps: int, dtype: str = "float32"
 ) -> tuple[OptimizerGroup, SchedulerGroup]:
     """``train.optimizer`` over the trainable parameters, and ``train.scheduler``'s
-    schedule for each optimizer."""
+    schedule for each optimizer; Muon's Newton-Schulz iteration on a CPU computes in the
+    training's ``dtype`` (``compat/torch_muon.py``)."""
     import torch
 
     if t.optimizer == "muon":
         from speculators.train.optimizers import split_named_params_for_muon
 
-        from eagle3_pipeline.compat.torch_muon import float32_newton_schulz_on_cpu
+        from eagle3_pipeline.compat.torch_muon import newton_schulz_on_cpu
 
-        float32_newton_schulz_on_cpu()  # bfloat16 matmuls crawl on a CPU (compat/torch_muon.py)
+        # float32 where the run is float32 (bf16 matmuls crawl on a CPU without native
+        # bf16), torch's bf16 where the run is bf16 (AMX: several times faster)
+        newton_schulz_on_cpu(dtype)
         muon, rest = split_named_params_for_muon(model)
         opts: list[torch.optim.Optimizer] = []
         if muon:
