@@ -146,6 +146,18 @@ class EngineWorkaround:
 
 
 @dataclass
+class ServingGreedy(VllmAcceptance):
+    """The serving pair's own greedy single stream, where the serving precision is not the
+    proof's (validate/engines.py): vLLM's acceptance in the precision a user serves in, and
+    whether the draft left its greedy output unchanged there. Reported, not judged: in
+    bf16 a near-tie may round one way in a step of K+1 tokens and the other in one token."""
+
+    lossless: bool  # greedy with the draft == without it, every prompt, in that precision
+    lossless_prompts: int  # prompts where it was
+    generated_tokens: int  # tokens generated with the draft (the single-stream tokens/s's)
+
+
+@dataclass
 class VllmFigures(VllmAcceptance):
     """Every figure of the draft in real vLLM beside ours (validate.vllm)."""
 
@@ -158,11 +170,11 @@ class VllmFigures(VllmAcceptance):
     lossless_prompts: int  # prompts where it was
     prompts: int  # prompts decoded
     differing_prompts: list[int]  # indexes of the prompts where it was not
-    generated_tokens: int  # tokens generated with the draft
-    tokens_per_s_with_draft: float | None  # single stream
-    tokens_per_s_without_draft: float | None  # single stream
+    generated_tokens: int  # tokens generated with the draft (the proof's)
+    tokens_per_s_with_draft: float | None  # single stream (in serving_dtype)
+    tokens_per_s_without_draft: float | None  # single stream (in serving_dtype)
     speedup: float | None  # with / without
-    engine_load_s: EnginePair  # seconds to a ready engine
+    engine_load_s: EnginePair  # seconds to a ready engine (the speed's engines)
     wall_s: EnginePair  # seconds of the generation passes the tokens/s are measured over
     sampled: SampledFigures | None = optional()  # validate.temperature
     concurrency: ConcurrencyFigures | None = optional()  # validate.concurrency
@@ -170,9 +182,19 @@ class VllmFigures(VllmAcceptance):
     best_k: int | None = optional()  # the K with the best single-stream speedup
     best_k_speedup: float | None = optional()  # and that speedup
     mode: str | None = optional()  # offline (vllm.LLM) or serve (vllm serve)
-    dtype: str | None = optional()  # the engines' dtype
+    dtype: str | None = optional()  # the proof engines' dtype (counters, losslessness, sets)
+    # The precision every speed figure was measured in (single-stream tokens/s and speedup,
+    # concurrency, k_sweep, sampled): the target's, as a user serves it -- dtype itself
+    # where one pair of engines gave every figure, else a serving pair of its own
+    serving_dtype: str | None = optional()
+    serving_dtype_why: str | None = optional()  # why that precision (the target's record)
+    serving_greedy: ServingGreedy | None = optional()  # serving_dtype != dtype only
     commands: dict[str, str] | None = optional()  # each engine as a vllm serve command
     workarounds: dict[str, EngineWorkaround] | None = optional()  # per engine
+
+    def speed_dtype(self) -> str | None:
+        """The precision of the speed figures (a record from before serving_dtype: dtype)."""
+        return self.serving_dtype or self.dtype
 
 
 @dataclass(kw_only=True)
@@ -198,7 +220,7 @@ class ValidateRecord(Record):
     lossless_prompts: int  # prompts where it was
     divergences: list[Divergence]  # where it was not
     device: str  # where our decoder ran
-    dtype: str  # in which dtype (vLLM's engines too)
+    dtype: str  # in which dtype (vLLM's proof engines too; its speed's: vllm.serving_dtype)
     dtype_why: str | None = optional()  # why: validate.dtype, float32 on a CPU, the target's
     # The prompt sets measured (validate.prompt_sets); the figures above pool them all.
     prompt_sets: list[str] = optional()

@@ -227,6 +227,7 @@ def markdown_report(record: ValidateRecord, facts: ReportFacts) -> str:
 
 def _vllm_lines(v: VllmFigures) -> list[str]:
     per_pos = [_fmt(r) for r in v.per_position_rate]
+    g = v.serving_greedy
     lines = [
         f"- Acceptance length from vLLM's counters (1 + accepted/drafts): "
         f"**{_fmt(v.mean_acceptance_length)}** ({v.num_accepted_tokens} "
@@ -234,19 +235,46 @@ def _vllm_lines(v: VllmFigures) -> list[str]:
         f"{v.num_accepted_tokens_per_pos}, rates {per_pos}); ours: "
         f"{_fmt(v.ours_acceptance_length)} (per position {v.ours_accepted_per_pos}).",
         f"- Lossless in vLLM (greedy with the draft == greedy without it): "
-        f"**{_fmt(v.lossless)}** ({v.lossless_prompts}/{v.prompts} prompts).",
+        f"**{_fmt(v.lossless)}** ({v.lossless_prompts}/{v.prompts} prompts"
+        + (f", {v.dtype})." if g else ")."),
         f"- Single-stream generation: {_fmt(v.tokens_per_s_without_draft, 1)} tokens/s "
         f"without the draft, {_fmt(v.tokens_per_s_with_draft, 1)} with it: "
-        f"**{_fmt(v.speedup, 2)}x** ({v.generated_tokens} tokens, "
-        f"{v.mode} mode, {v.dtype}).",
+        f"**{_fmt(v.speedup, 2)}x** ({g.generated_tokens if g else v.generated_tokens} "
+        f"tokens, {v.mode} mode, {v.speed_dtype()}).",
+        *precision_lines(v),
         "",
-        "Engines (with the draft, then the target alone):",
+        (
+            f"Engines (the proof's in {v.dtype}, with the draft then the target alone; then "
+            f"the speed's in {v.serving_dtype}, likewise):"
+            if g
+            else "Engines (with the draft, then the target alone):"
+        ),
         "",
         "```",
         *(v.commands or {}).values(),
         "```",
     ]
     return lines
+
+
+def precision_lines(v: VllmFigures) -> list[str]:
+    """Which precision each figure came from, and why (nothing for a record from before
+    the serving precision was recorded)."""
+    if v.serving_dtype is None:
+        return []
+    g = v.serving_greedy
+    if g is None:
+        return [f"- Every vLLM figure in {v.serving_dtype} ({v.serving_dtype_why})."]
+    return [
+        f"- Precision: the acceptance and losslessness above in {v.dtype} (the proof: vLLM's "
+        f"counters and our evaluator agree exactly there); every speed figure (tokens/s, "
+        f"speedups, sampled, under load, K) in **{v.serving_dtype}** ({v.serving_dtype_why}), "
+        "as a user serves the target, on engines of its own. There vLLM's greedy acceptance "
+        f"length is {_fmt(g.mean_acceptance_length)} ({g.num_accepted_tokens} accepted / "
+        f"{g.num_drafts} drafts) and its output with the draft equals its output without on "
+        f"{g.lossless_prompts}/{v.prompts} prompts (reported, not judged: rounding may flip "
+        "a near-tie).",
+    ]
 
 
 def model_card(record: ValidateRecord, facts: ReportFacts) -> str:
@@ -311,7 +339,7 @@ def model_card(record: ValidateRecord, facts: ReportFacts) -> str:
         lines.append(
             f"vLLM's own counters (1 + accepted/drafts) gave "
             f"{_fmt(v.mean_acceptance_length)}; single-stream speedup in vLLM "
-            f"{_fmt(v.speedup, 2)}x ({record.dtype} on {record.device})."
+            f"{_fmt(v.speedup, 2)}x ({v.speed_dtype() or record.dtype} on {record.device})."
         )
         if v.sampled:
             s = v.sampled
@@ -355,10 +383,14 @@ def validation_files(record: ValidateRecord, facts: ReportFacts) -> dict[str, by
         "README.md": model_card(record, facts).encode("utf-8"),
         "acceptance.png": acceptance_png(record, title),
     }
-    conc = record.vllm.concurrency if record.vllm else None
-    if conc and any(r.speedup is not None for r in conc.levels):
+    v = record.vllm
+    conc = v.concurrency if v else None
+    if v and conc and any(r.speedup is not None for r in conc.levels):
+        dtype = v.speed_dtype()
         files["speedup_by_concurrency.png"] = concurrency_png(
-            conc, f"{name}: speedup per requests in flight, K={record.k}, T=0"
+            conc,
+            f"{name}: speedup per requests in flight, K={record.k}, T=0"
+            + (f", {dtype}" if dtype else ""),
         )
     if record.sets:
         files["acceptance_by_set.png"] = sets_png(

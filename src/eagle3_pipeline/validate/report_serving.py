@@ -2,7 +2,8 @@
 requests in flight (a table and ``speedup_by_concurrency.png``) and the K sweep.
 
 Every figure here is vLLM's own (its counters and its clock); the section says under
-which temperature, K and concurrency each was measured.
+which temperature, K, concurrency and precision each was measured (the precision a user
+serves the target in: validate/engines.py).
 """
 
 from __future__ import annotations
@@ -22,11 +23,19 @@ def fmt(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
-def sampled_lines(s: SampledFigures, k: int, max_new_tokens: int) -> list[str]:
+def _in(dtype: str | None) -> str:
+    """The precision a figure was measured in (", in bfloat16"), where the record names it."""
+    return f", in {dtype}" if dtype else ""
+
+
+def sampled_lines(
+    s: SampledFigures, k: int, max_new_tokens: int, dtype: str | None = None
+) -> list[str]:
     lines = [
         f"Acceptance length at temperature {s.temperature} (seed {s.seed}: prompt i "
         f"sampled with seed + i; K={k}, one request at a time, at most {max_new_tokens} new "
-        "tokens): vLLM's rejection sampler decides what is accepted. From vLLM's counters "
+        f"tokens{_in(dtype)}): vLLM's rejection sampler decides what is accepted. From "
+        "vLLM's counters "
         f"(1 + accepted/drafts): **{fmt(s.mean_acceptance_length)}** pooled "
         f"({s.num_accepted_tokens} accepted / {s.num_drafts} drafts).",
         "",
@@ -39,13 +48,13 @@ def sampled_lines(s: SampledFigures, k: int, max_new_tokens: int) -> list[str]:
     return lines
 
 
-def concurrency_lines(c: ConcurrencyFigures, k: int) -> list[str]:
+def concurrency_lines(c: ConcurrencyFigures, k: int, dtype: str | None = None) -> list[str]:
     b = c.break_even_concurrency
     top = max(r.concurrency for r in c.levels)
     lines = [
-        f"Output tokens/s in vLLM with and without the draft, K={k}, temperature 0, with N "
-        "requests in flight (a new one starts as one finishes) over every prompt decoded "
-        "above:",
+        f"Output tokens/s in vLLM with and without the draft, K={k}, temperature "
+        f"0{_in(dtype)}, with N requests in flight (a new one starts as one finishes) over "
+        "every prompt decoded above:",
         "",
         "| requests in flight | without the draft (tokens/s) | with it (tokens/s) | speedup "
         "| acceptance length | same outputs |",
@@ -77,7 +86,8 @@ def concurrency_lines(c: ConcurrencyFigures, k: int) -> list[str]:
 
 def k_sweep_lines(v: VllmFigures) -> list[str]:
     lines = [
-        "The same draft served at each K (temperature 0, one request at a time); the "
+        f"The same draft served at each K (temperature 0, one request at a time"
+        f"{_in(v.speed_dtype())}); the "
         f"recommended K is the one vLLM delivers most tokens/s with: **K={v.best_k}** "
         f"({fmt(v.best_k_speedup, 2)}x), not the one with the longest acceptance.",
         "",
@@ -100,10 +110,10 @@ def serving_lines(v: VllmFigures, k: int, max_new_tokens: int) -> list[str]:
             "",
             "## Sampled (temperature > 0)",
             "",
-            *sampled_lines(v.sampled, k, max_new_tokens),
+            *sampled_lines(v.sampled, k, max_new_tokens, v.speed_dtype()),
         ]
     if v.concurrency and v.concurrency.levels:
-        lines += ["", "## Under load", "", *concurrency_lines(v.concurrency, k)]
+        lines += ["", "## Under load", "", *concurrency_lines(v.concurrency, k, v.speed_dtype())]
     if v.k_sweep:
         lines += ["", "## K", "", *k_sweep_lines(v)]
     return lines

@@ -19,6 +19,7 @@ from typing import Any
 from eagle3_pipeline.core.errors import StageError
 from eagle3_pipeline.core.metrics import details_path
 from eagle3_pipeline.core.portable import portable
+from eagle3_pipeline.runtime.precision import Precision
 from eagle3_pipeline.validate.acceptance import AcceptanceResult, Prompt
 from eagle3_pipeline.validate.by_set import figures_by_set, headline_by_set
 from eagle3_pipeline.validate.facts import DataFacts, DraftFacts, ReportFacts, TargetFacts
@@ -192,20 +193,27 @@ def measure_vllm(
     ours: AcceptanceResult,
 ) -> tuple[VllmFigures, dict[str, dict[str, Any]]]:
     """Target + draft and target alone in real vLLM (see :mod:`eagle3_pipeline.validate.vllm`);
-    with vLLM's counters per prompt label of the greedy single-stream pass."""
+    with vLLM's counters per prompt label of the greedy single-stream pass. ``dtype``: the
+    proof's; the speed figures are measured in :meth:`ValidateInputs.serving_precision`, on
+    engines of their own where it differs (:mod:`eagle3_pipeline.validate.engines`)."""
     from eagle3_pipeline.serving.engine import build_engine, log_file
     from eagle3_pipeline.serving.env import VllmEnvError, find_python
     from eagle3_pipeline.serving.offline import VllmRunError, run_offline
+    from eagle3_pipeline.validate.engines import pair, plan_engines
     from eagle3_pipeline.validate.sweeps import (
         SAMPLED,
-        baseline_passes,
         concurrency_figures,
         concurrency_plan,
-        draft_passes,
         level_name,
         sampled_figures,
     )
-    from eagle3_pipeline.validate.vllm import VllmError, compare, k_sweep_figures, run_served
+    from eagle3_pipeline.validate.vllm import (
+        VllmError,
+        compare,
+        k_sweep_figures,
+        run_served,
+        serving_greedy,
+    )
 
     v = cfg.validate
     ids = [p.prompt_ids for p in prompts]
@@ -218,18 +226,35 @@ def measure_vllm(
             skipped,
             len(ids),
         )
-    passes = {
-        "with_draft": draft_passes(v.temperature, cfg.seed, levels),
-        "without_draft": baseline_passes(levels),
-    }
+    proof = Precision(dtype, cfg.precision()[1].why)
+    serving = cfg.serving_precision()
+    plans = plan_engines(proof, serving, v.temperature, cfg.seed, levels)
+    proof_d, proof_p = pair(plans, speed=False)
+    speed_d, speed_p = pair(plans, speed=True)
+    two_pairs = speed_d.name != proof_d.name
+    if two_pairs:
+        log.info(
+            "vLLM: the proof (counters, losslessness) in %s, every speed figure in %s (%s): "
+            "a pair of engines each",
+            proof.dtype,
+            serving.dtype,
+            serving.why,
+        )
     stops = stop_token_ids(spec.path)
     model = spec.path or spec.hub_id
     seqs = max(v.concurrency)  # the engines admit the largest level measured
     engines = {
-        "with_draft": build_engine(
-            cfg, spec, model, "validate", dtype=dtype, draft_dir=draft_dir, k=k, max_num_seqs=seqs
-        ),
-        "without_draft": build_engine(cfg, spec, model, "baseline", dtype=dtype, max_num_seqs=seqs),
+        p.name: build_engine(
+            cfg,
+            spec,
+            model,
+            "validate" if p.draft else "baseline",
+            dtype=p.dtype,
+            draft_dir=draft_dir if p.draft else None,
+            k=k if p.draft else None,
+            max_num_seqs=seqs,
+        )
+        for p in plans
     }
     runs: dict[str, dict[str, Any]] = {}
     try:
@@ -265,52 +290,62 @@ def measure_vllm(
                     passes=extra,
                 )
             log.info(
-                "vLLM %s: %d tokens at %.1f tokens/s (engine ready in %.0f s)",
+                "vLLM %s (%s): %d tokens at %.1f tokens/s (engine ready in %.0f s)",
                 name,
+                engine.dtype,
                 res["generated_tokens"],
                 res["tokens_per_s"] or 0.0,
                 res.get("load_s") or 0.0,
             )
             for pname, pres in (res.get("passes") or {}).items():
                 log.info(
-                    "vLLM %s, pass %s: %d tokens at %.1f tokens/s",
+                    "vLLM %s (%s), pass %s: %d tokens at %.1f tokens/s",
                     name,
+                    engine.dtype,
                     pname,
                     pres["generated_tokens"],
                     pres["tokens_per_s"] or 0.0,
                 )
             return res
 
-        for name, engine in engines.items():
-            runs[name] = run(name, engine, passes[name])
-        out = compare(ours, runs["with_draft"], runs["without_draft"], k)
-        groups: dict[str, dict[str, Any]] = runs["with_draft"].get("group_counters", {})
-        done = {name: r.get("passes") or {} for name, r in runs.items()}
+        for p in plans:
+            runs[p.name] = run(p.name, engines[p.name], p.passes)
+        with_draft, without_draft = runs[speed_d.name], runs[speed_p.name]
+        out = compare(
+            ours,
+            runs[proof_d.name],
+            runs[proof_p.name],
+            k,
+            (with_draft, without_draft) if two_pairs else None,
+        )
+        if two_pairs:
+            out.serving_greedy = serving_greedy(with_draft, without_draft)
+        groups: dict[str, dict[str, Any]] = runs[proof_d.name].get("group_counters", {})
+        done_d, done_p = with_draft.get("passes") or {}, without_draft.get("passes") or {}
         if v.temperature is not None:
-            out.sampled = sampled_figures(
-                done["with_draft"][SAMPLED], v.temperature, cfg.seed, prompts
-            )
+            out.sampled = sampled_figures(done_d[SAMPLED], v.temperature, cfg.seed, prompts)
         out.concurrency = concurrency_figures(
-            {1: runs["with_draft"], **{c: done["with_draft"][level_name(c)] for c in levels}},
-            {1: runs["without_draft"], **{c: done["without_draft"][level_name(c)] for c in levels}},
+            {1: with_draft, **{c: done_d[level_name(c)] for c in levels}},
+            {1: without_draft, **{c: done_p[level_name(c)] for c in levels}},
             skipped,
         )
         if v.k_sweep:  # the same draft at each K; the same run without it as the baseline
-            sweep = {k: runs["with_draft"]}
+            sweep = {k: with_draft}
             for kk in sorted(set(v.k_sweep) - {k}):
                 sweep[kk] = run(
                     f"k{kk}",
                     build_engine(
-                        cfg, spec, model, "validate", dtype=dtype, draft_dir=draft_dir, k=kk
+                        cfg, spec, model, "validate", dtype=speed_d.dtype, draft_dir=draft_dir, k=kk
                     ),
                 )
-            out.k_sweep, best = k_sweep_figures(sweep, runs["without_draft"])
+            out.k_sweep, best = k_sweep_figures(sweep, without_draft)
             out.best_k = None if best is None else best.k
             out.best_k_speedup = None if best is None else best.speedup
     except (VllmEnvError, VllmRunError, VllmError, OSError) as exc:
         raise StageError(f"vLLM validation failed: {exc}") from None
     out.mode = str(v.vllm_mode)
     out.dtype = dtype
+    out.serving_dtype, out.serving_dtype_why = speed_d.dtype, serving.why
     out.commands = {name: portable(e.shell(v.server.port)) for name, e in engines.items()}
     out.workarounds = {
         name: EngineWorkaround(
@@ -401,14 +436,16 @@ def validate_draft(
     if cfg.validate.vllm:
         vllm, groups = measure_vllm(cfg, spec, p["draft"], prompts, k, dtype, acc)
         log.info(
-            "vLLM: acceptance length %s (ours %s), lossless %s, %.1f -> %.1f tokens/s "
-            "(speedup %.2fx)",
+            "vLLM: acceptance length %s (ours %s), lossless %s in %s; %.1f -> %.1f tokens/s "
+            "(speedup %.2fx) in %s",
             _fmt(vllm.mean_acceptance_length),
             _fmt(acc.vllm_style_acceptance_length),
             vllm.lossless,
+            vllm.dtype,
             vllm.tokens_per_s_without_draft or 0.0,
             vllm.tokens_per_s_with_draft or 0.0,
             vllm.speedup or 0.0,
+            vllm.speed_dtype(),
         )
         check_vllm_agreement(vllm, dtype, cfg)
     sets = figures_by_set(prompts, results, k, cfg.validate.max_new_tokens, groups)
@@ -511,14 +548,28 @@ def set_vllm_headline(record: ValidateRecord, vllm: VllmFigures, benchmarks: boo
 
 
 def log_serving(vllm: VllmFigures, k: int) -> None:
-    """The sampled and concurrency figures, one line each."""
+    """The serving precision's greedy figures (where the proof's is another), the sampled
+    and concurrency figures, one line each, each naming its precision."""
+    dtype = vllm.speed_dtype()
+    g = vllm.serving_greedy
+    if g:
+        log.info(
+            "vLLM in %s (T=0, K=%d, concurrency 1; reported, not judged): acceptance length "
+            "%s, lossless on %d of %d prompts",
+            dtype,
+            k,
+            _fmt(g.mean_acceptance_length),
+            g.lossless_prompts,
+            vllm.prompts,
+        )
     sampled = vllm.sampled
     if sampled:
         log.info(
-            "vLLM at temperature %s (seed %s, K=%d, concurrency 1): acceptance length %s; %s",
+            "vLLM at temperature %s (seed %s, K=%d, concurrency 1, %s): acceptance length %s; %s",
             sampled.temperature,
             sampled.seed,
             k,
+            dtype,
             _fmt(sampled.mean_acceptance_length),
             ", ".join(f"{n} {_fmt(f.mean_acceptance_length)}" for n, f in sampled.sets.items()),
         )
@@ -527,10 +578,11 @@ def log_serving(vllm: VllmFigures, k: int) -> None:
         return
     for r in conc.levels:
         log.info(
-            "vLLM at concurrency %d (T=0, K=%d): %.1f -> %.1f tokens/s, speedup %sx, "
+            "vLLM at concurrency %d (T=0, K=%d, %s): %.1f -> %.1f tokens/s, speedup %sx, "
             "acceptance length %s",
             r.concurrency,
             k,
+            dtype,
             r.tokens_per_s_without_draft or 0.0,
             r.tokens_per_s_with_draft or 0.0,
             _fmt(r.speedup),

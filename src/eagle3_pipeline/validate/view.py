@@ -32,7 +32,7 @@ class ValidateTrain(Inputs):
 
 @dataclass(frozen=True)
 class ValidateModel(Inputs):
-    dtype: Dtype | None  # the engines' precision off CPU (null: preflight's choice)
+    dtype: Dtype | None  # the target's: the engines' (on a CPU the speed's; null: preflight's)
     tiny: TinyModelConfig | None  # a tiny target stays float32 (preflight's rule)
 
 
@@ -49,7 +49,7 @@ class ValidatePaths(Inputs):
     heldout: str
     draft: str
     validate: str
-    precision: str  # preflight's choice of precision (read off CPU where model.dtype is null)
+    precision: str  # preflight's choice of precision (read where model.dtype is null)
     details: str
     live: str
 
@@ -82,5 +82,21 @@ class ValidateInputs(Inputs):
             return device, Precision(
                 "float32", "float32 on a CPU, where vLLM and our evaluator agree exactly"
             )
+        return device, self.target_precision(device)
+
+    def serving_precision(self) -> Precision:
+        """The precision vLLM's speed figures are measured in: what a user serves the target
+        in. ``validate.dtype`` where set (the proof's too: one pair of engines), else the
+        target's (``model.dtype``, else preflight's choice) on every device. Off CPU it is
+        the proof's precision; on a CPU it differs from the proof's float32 where the target
+        resolved to bf16 (a real target on a CPU with native bf16), and validate then runs a
+        second pair of engines for the speed (:mod:`eagle3_pipeline.validate.engines`)."""
+        v = self.validate
+        if v.dtype is not None:
+            return set_by("validate.dtype", v.dtype)
+        return self.target_precision(v.device or self.hardware.device)
+
+    def target_precision(self, device: str) -> Precision:
+        """The target's precision: ``model.dtype``, else preflight's choice."""
         m = self.model
-        return device, model_precision(m.dtype, device, m.tiny is not None, self.paths.precision)
+        return model_precision(m.dtype, device, m.tiny is not None, self.paths.precision)

@@ -10,7 +10,9 @@ Two engines run, one after the other, on the held-out prompts, one prompt at a t
 the target with the EAGLE-3 draft (K from the checkpoint or ``validate.k``) and the
 target alone. From them come vLLM's acceptance length (1 + accepted / drafts) and
 per-position rates, losslessness (greedy output with the draft equals output without it)
-and the single-stream speedup (tokens/s with the draft over tokens/s without).
+and the single-stream speedup (tokens/s with the draft over tokens/s without). Where the
+precision a user serves in is not the proof's float32 (a real target on a CPU with native
+bf16), a second pair in that precision gives the speedup (:mod:`.engines`).
 
 Two ways to run an engine, with the same :class:`~eagle3_pipeline.serving.engine.Engine`:
 ``offline`` (``vllm.LLM`` in :mod:`eagle3_pipeline.serving.worker`, counters from
@@ -37,7 +39,13 @@ from eagle3_pipeline.serving.engine import Engine
 from eagle3_pipeline.serving.offline import Pass
 from eagle3_pipeline.serving.server import engine_server
 from eagle3_pipeline.validate.acceptance import AcceptanceResult
-from eagle3_pipeline.validate.record import EnginePair, KSweepRow, VllmAcceptance, VllmFigures
+from eagle3_pipeline.validate.record import (
+    EnginePair,
+    KSweepRow,
+    ServingGreedy,
+    VllmAcceptance,
+    VllmFigures,
+)
 
 log = logging.getLogger(__name__)
 
@@ -210,21 +218,33 @@ def run_served(
 # --------------------------------------------------------------------------- verdict
 
 
-def compare(
-    ours: AcceptanceResult, draft_run: dict[str, Any], plain_run: dict[str, Any], k: int
-) -> VllmFigures:
-    """vLLM's figures beside ours: acceptance, losslessness, speedup."""
-    if not draft_run["counters"]:
-        raise VllmError("vLLM reported no spec-decode counters: the draft was not used")
-    fig = acceptance_figures(draft_run["counters"])
-    mismatched = [
+def differing(draft_run: dict[str, Any], plain_run: dict[str, Any]) -> list[int]:
+    """The prompts whose greedy output with the draft is not the output without it."""
+    return [
         i
         for i, (a, b) in enumerate(zip(draft_run["outputs"], plain_run["outputs"], strict=True))
         if a != b
     ]
+
+
+def compare(
+    ours: AcceptanceResult,
+    draft_run: dict[str, Any],
+    plain_run: dict[str, Any],
+    k: int,
+    speed: tuple[dict[str, Any], dict[str, Any]] | None = None,
+) -> VllmFigures:
+    """vLLM's figures beside ours: acceptance, losslessness (from the proof's runs
+    ``draft_run``/``plain_run``), speedup (from ``speed``'s runs, with and without the
+    draft, where the speed has engines of its own: validate/engines.py; else the proof's)."""
+    if not draft_run["counters"]:
+        raise VllmError("vLLM reported no spec-decode counters: the draft was not used")
+    fig = acceptance_figures(draft_run["counters"])
+    mismatched = differing(draft_run, plain_run)
     ours_len = ours.vllm_style_acceptance_length
     vllm_len = fig.mean_acceptance_length
-    tps_d, tps_p = draft_run.get("tokens_per_s"), plain_run.get("tokens_per_s")
+    speed_d, speed_p = speed or (draft_run, plain_run)
+    tps_d, tps_p = speed_d.get("tokens_per_s"), speed_p.get("tokens_per_s")
     return VllmFigures(
         **vars(fig),
         k=k,
@@ -242,9 +262,23 @@ def compare(
         tokens_per_s_with_draft=tps_d,
         tokens_per_s_without_draft=tps_p,
         speedup=tps_d / tps_p if tps_d and tps_p else None,
-        engine_load_s=EnginePair(draft_run.get("load_s"), plain_run.get("load_s")),
+        engine_load_s=EnginePair(speed_d.get("load_s"), speed_p.get("load_s")),
         # the generation passes the tokens/s are measured over (engine load excluded)
-        wall_s=EnginePair(draft_run.get("wall_s"), plain_run.get("wall_s")),
+        wall_s=EnginePair(speed_d.get("wall_s"), speed_p.get("wall_s")),
+    )
+
+
+def serving_greedy(draft_run: dict[str, Any], plain_run: dict[str, Any]) -> ServingGreedy:
+    """The serving pair's greedy single stream (its own precision): vLLM's acceptance and
+    losslessness there, reported beside the proof's, never judged."""
+    if not draft_run["counters"]:
+        raise VllmError("vLLM reported no spec-decode counters: the draft was not used")
+    mismatched = differing(draft_run, plain_run)
+    return ServingGreedy(
+        **vars(acceptance_figures(draft_run["counters"])),
+        lossless=not mismatched,
+        lossless_prompts=len(draft_run["outputs"]) - len(mismatched),
+        generated_tokens=draft_run["generated_tokens"],
     )
 
 
