@@ -170,7 +170,7 @@ ENGINE_CASES = [
     # without the draft's own request an AMX CPU gave the draft AMX_MLA, which refuses
     # float32)
     ("cpu", "mla", "mla", "float32", "CPU_MLA", False, "CPU_MLA"),
-    ("cpu", "mla", "mla", "bfloat16", None, False, None),  # AMX_MLA loads bf16: vLLM picks
+    ("cpu", "mla", "mla", "bfloat16", None, False, None),  # both: vLLM picks (one block size)
     # a llama draft on an MLA target: MLA off for the target (workaround 1), and the draft's
     # attention is not MLA, so neither asks for CPU_MLA
     ("cpu", "mla", "llama", "float32", None, True, None),

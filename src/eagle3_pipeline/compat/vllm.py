@@ -37,7 +37,23 @@ bug below is fixed upstream, so the workaround can then be dropped.
    CPU: vLLM's CPU platform (``platforms/cpu.py`` ``get_attn_backend_cls``) returns
    ``CPU_MLA`` for every MLA layer on a CPU without AMX, asked or not, and sets the same
    block size (16) either way, so asking there changes nothing; only on an AMX CPU does
-   it choose. bfloat16 / float16 keep vLLM's pick (``AMX_MLA`` loads them).
+   it choose. bfloat16 / float16 keep vLLM's pick, for the target and the draft alike, and
+   that is right for bf16 serving (validate's speed pair, a real target on a CPU with
+   native bf16): ``AMX_MLA`` (``v1/attention/backends/mla/amx_mla.py``
+   ``AMXMLABackend``) declares bfloat16 only, head size 576 only (``kv_lora_rank`` 512 +
+   ``qk_rope_head_dim`` 64: DeepSeek's and Kimi-K2.5's real shape, which a draft resolved
+   for that target shares) and block sizes in multiples of 32; the CPU platform hands it
+   every MLA layer on an AMX CPU unless ``CPU_MLA`` is asked, checking neither the head size
+   nor the dtype (``v1/attention/selector.py`` ``_cached_get_attn_backend`` validates
+   nothing on this platform). Asking ``CPU_MLA`` for one of the two models only would
+   split the block size (``CpuPlatform.check_and_update_config`` forces 16 only when the
+   *target* asks ``CPU_MLA``; ``AMX_MLA`` and ``CPU_ATTN`` want multiples of 32), so both
+   keep the same pick. Not covered: a bf16 engine of an MLA shape other than 576 (the tiny
+   Kimi-K2.5 with ``model.dtype=bfloat16`` set; its rule keeps it float32) on an AMX CPU
+   gets ``AMX_MLA`` at a head size it does not declare -- unmeasured. Also unmeasured:
+   with ``AMX_MLA`` (multiples of 32) an MLA target and a llama draft's ``CPU_ATTN`` would
+   share a block size, so workaround 1 may not be needed in bf16 on an AMX CPU; it is kept
+   (the target then runs without the MLA kernels, correct, slower).
 6. **Sampling at temperature > 0 on the CPU build without Triton.** vLLM's C++ fallback for
    the rejection sampler's ``expand_kernel`` loses float and int32 outputs, so temperature,
    top-p and top-k reach the rejection test as garbage. That one is not an engine setting

@@ -9,7 +9,37 @@ arguments (:meth:`Engine.llm_kwargs`, used by :mod:`eagle3_pipeline.serving.work
 offline and the served paths cannot drift apart, and the plan prints what runs.
 
 Every engine carries its dtype explicitly: vLLM's ``auto`` turns a float32 checkpoint
-into bfloat16 on the CPU, which silently changes greedy outputs.
+into bfloat16 on the CPU, which silently changes greedy outputs
+(``vllm/config/model.py`` ``_resolve_auto_dtype``: a float32 config dtype becomes the
+platform's first supported dtype, bfloat16 in ``CpuPlatform.supported_dtypes``).
+
+**bf16 on the CPU build (vLLM 0.32) needs nothing beyond ``--dtype bfloat16``**; read in
+its source, where a setting could have been needed:
+
+- *KV cache dtype*: left at ``auto`` (no ``--kv-cache-dtype``), which is the model's dtype
+  (``vllm/config/cache.py`` ``CacheConfig.cache_dtype``;
+  ``vllm/utils/torch_utils.py`` ``kv_cache_dtype_str_to_dtype``). The draft's follows the
+  target's: ``SpeculativeConfig.kv_cache_dtype`` None inherits it
+  (``vllm/config/speculative.py`` ``_DRAFT_VLLM_CONFIG_OVERRIDES``).
+- *Attention backend*: every non-MLA layer gets ``CPU_ATTN`` whatever is asked
+  (``vllm/platforms/cpu.py`` ``CpuPlatform.get_attn_backend_cls``); it takes bf16
+  (``vllm/v1/attention/backends/cpu_attn.py`` ``CPUAttentionBackend.supported_dtypes``)
+  and picks its kernel itself: ``_get_attn_isa`` runs the ``amx`` one for bf16 on a CPU
+  with AMX tiles when the block size is a multiple of 32 (the platform's default block of
+  128, ``CpuPlatform.check_and_update_config``), ``vec``/``vec16`` otherwise; float32
+  never gets the AMX kernel. The linear layers likewise dispatch on the weights' dtype
+  (``vllm/model_executor/layers/utils.py`` ``dispatch_cpu_unquantized_gemm``: oneDNN, or
+  the SGL packed kernel for small weights).
+- *The draft's dtype*: vLLM builds the draft's model config with the target's dtype
+  (``SpeculativeConfig.__post_init__``: ``dtype=self.target_model_config.dtype``), creates
+  its parameters in it (``vllm/model_executor/model_loader/base_loader.py``
+  ``BaseModelLoader.load_model``, ``set_default_torch_dtype``) and copies the float32
+  checkpoint's tensors into them, casting (``model_loader/weight_utils.py``
+  ``default_weight_loader``: ``param.data.copy_``); the ``d2t`` map stays int64
+  (``models/llama_eagle3.py``). So a draft trained and saved in float32 is served in bf16
+  as saved, with no conversion of ours.
+- *MLA*: see :mod:`eagle3_pipeline.compat.vllm`, workaround 5: in bf16 target and draft
+  keep vLLM's pick, ``AMX_MLA`` on a CPU with AMX tiles, ``CPU_MLA`` elsewhere.
 """
 
 from __future__ import annotations
