@@ -136,14 +136,18 @@ def test_real_model_runs_the_graph_and_vllm_agrees_with_us(real_run):
     assert p["conversations_train"] == 10
     # one precision, preflight's choice for this CPU, ran through every stage after it
     # (which one is tested per stated CPU in tests/runtime and tests/preflight); validate's
-    # proof stays float32
+    # proof stays float32, its speed figures are measured in the chosen one
     chosen = _details(root, "preflight")["precision"]
     assert chosen["dtype"] in ("bfloat16", "float32")
     assert p["precision"] == chosen == _details(root, "target")["precision"]
     assert _details(root, "extract")["precision"] == chosen
     assert _details(root, "train")["dtype"] == chosen["dtype"]
     assert _details(root, "train")["dtype_why"] == chosen["why"]
-    assert v["dtype"] == "float32"
+    assert v["dtype"] == v["vllm"]["dtype"] == "float32"
+    # the speed figures in the precision the run chose (bf16: a serving pair of their own)
+    assert v["vllm"]["serving_dtype"] == chosen["dtype"]
+    assert v["vllm"]["serving_dtype_why"] == chosen["why"]
+    assert ("serving_with_draft" in v["vllm"]["commands"]) == (chosen["dtype"] != "float32")
 
 
 def test_the_gguf_became_a_plain_tied_checkpoint(real_run):
