@@ -15,7 +15,7 @@ from typing import Any
 
 from eagle3_pipeline.validate.facts import ReportFacts
 from eagle3_pipeline.validate.record import SetFigures, SliceFigures, ValidateRecord, VllmFigures
-from eagle3_pipeline.validate.report_serving import concurrency_png, serving_lines
+from eagle3_pipeline.validate.report_serving import concurrency_png, in_dtype, serving_lines
 from eagle3_pipeline.validate.report_serving import fmt as _fmt
 
 PACKAGES = ("eagle3-pipeline", "speculators", "torch", "transformers", "vllm", "dvc")
@@ -344,13 +344,14 @@ def model_card(record: ValidateRecord, facts: ReportFacts) -> str:
         if v.sampled:
             s = v.sampled
             lines.append(
-                f"At temperature {s.temperature} (vLLM's rejection sampler, K={record.k}): "
+                f"At temperature {s.temperature} (vLLM's rejection sampler, K={record.k}"
+                f"{in_dtype(v.speed_dtype())}): "
                 + ", ".join(f"{n} {_fmt(f.mean_acceptance_length)}" for n, f in s.sets.items())
                 + "."
             )
         if v.concurrency:
             lines.append(
-                "Speedup in vLLM per requests in flight (T=0): "
+                f"Speedup in vLLM per requests in flight (T=0{in_dtype(v.speed_dtype())}): "
                 + ", ".join(f"{r.concurrency}: {_fmt(r.speedup, 2)}x" for r in v.concurrency.levels)
                 + "."
             )

@@ -23,7 +23,7 @@ def fmt(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
-def _in(dtype: str | None) -> str:
+def in_dtype(dtype: str | None) -> str:
     """The precision a figure was measured in (", in bfloat16"), where the record names it."""
     return f", in {dtype}" if dtype else ""
 
@@ -34,7 +34,7 @@ def sampled_lines(
     lines = [
         f"Acceptance length at temperature {s.temperature} (seed {s.seed}: prompt i "
         f"sampled with seed + i; K={k}, one request at a time, at most {max_new_tokens} new "
-        f"tokens{_in(dtype)}): vLLM's rejection sampler decides what is accepted. From "
+        f"tokens{in_dtype(dtype)}): vLLM's rejection sampler decides what is accepted. From "
         "vLLM's counters "
         f"(1 + accepted/drafts): **{fmt(s.mean_acceptance_length)}** pooled "
         f"({s.num_accepted_tokens} accepted / {s.num_drafts} drafts).",
@@ -53,7 +53,7 @@ def concurrency_lines(c: ConcurrencyFigures, k: int, dtype: str | None = None) -
     top = max(r.concurrency for r in c.levels)
     lines = [
         f"Output tokens/s in vLLM with and without the draft, K={k}, temperature "
-        f"0{_in(dtype)}, with N requests in flight (a new one starts as one finishes) over "
+        f"0{in_dtype(dtype)}, with N requests in flight (a new one starts as one finishes) over "
         "every prompt decoded above:",
         "",
         "| requests in flight | without the draft (tokens/s) | with it (tokens/s) | speedup "
@@ -87,7 +87,7 @@ def concurrency_lines(c: ConcurrencyFigures, k: int, dtype: str | None = None) -
 def k_sweep_lines(v: VllmFigures) -> list[str]:
     lines = [
         f"The same draft served at each K (temperature 0, one request at a time"
-        f"{_in(v.speed_dtype())}); the "
+        f"{in_dtype(v.speed_dtype())}); the "
         f"recommended K is the one vLLM delivers most tokens/s with: **K={v.best_k}** "
         f"({fmt(v.best_k_speedup, 2)}x), not the one with the longest acceptance.",
         "",
