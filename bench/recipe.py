@@ -243,10 +243,18 @@ def bench_prompts(cfg: Any, spec: Any, work: Path, out: Path) -> list[Any]:
 
 
 def serve(
-    cfg: Any, spec: Any, work: Path, draft: Path, name: str, prompts: list[Any]
+    cfg: Any,
+    spec: Any,
+    work: Path,
+    draft: Path,
+    name: str,
+    prompts: list[Any],
+    dtype: str = "float32",
+    max_tokens: int | None = None,
 ) -> dict[str, Any]:
-    """vLLM's counters for ``draft`` on ``prompts`` (offline engine, float32, T=0, one
-    request at a time), pooled and per prompt set."""
+    """vLLM's counters for ``draft`` on ``prompts`` (offline engine, ``dtype``, T=0, one
+    request at a time, ``max_tokens`` or ``validate.max_new_tokens`` each), pooled and
+    per prompt set."""
     import os
 
     from eagle3_pipeline.serving.engine import build_engine, log_file
@@ -261,13 +269,13 @@ def serve(
     try:
         k = cfg.train.speculative_tokens
         engine = build_engine(
-            cfg, spec, spec.path, "validate", dtype="float32", draft_dir=draft.resolve(), k=k
+            cfg, spec, spec.path, "validate", dtype=dtype, draft_dir=draft.resolve(), k=k
         )
         run = run_offline(
             find_python(cfg.vllm.python),
             engine,
             [p.prompt_ids for p in prompts],
-            cfg.validate.max_new_tokens,
+            cfg.validate.max_new_tokens if max_tokens is None else max_tokens,
             stop_token_ids(spec.path),
             log_file(cfg, f"recipe_{name}"),
             timeout_s=cfg.vllm.startup_timeout_s + 3600,
@@ -284,6 +292,7 @@ def serve(
             for n, f in vllm_by_set(prompts, run["group_counters"]).items()
         },
         "tokens_per_s": run["tokens_per_s"],
+        "generated_tokens": run["generated_tokens"],
     }
 
 
