@@ -465,7 +465,7 @@ def test_a_bf16_run_orthogonalises_with_torchs_own_iteration_on_a_cpu() -> None:
     try:
         assert newton_schulz_on_cpu("bfloat16")
         fn = muon._zeropower_via_newtonschulz
-        original = fn.__wrapped__
+        original = fn.__wrapped__  # type: ignore[attr-defined]  # functools.wraps in compat.torch_muon
         assert fn(g, coeffs, 5, 1e-7).dtype == torch.bfloat16
         assert torch.equal(fn(g, coeffs, 5, 1e-7), original(g, coeffs, 5, 1e-7))
         assert newton_schulz_on_cpu("float32")
@@ -481,6 +481,7 @@ def test_the_train_stage_orthogonalises_in_its_own_precision() -> None:
     import torch
     import torch.optim._muon as muon
 
+    from eagle3_pipeline.core.choices import OptimizerName
     from eagle3_pipeline.core.config import TrainConfig
     from eagle3_pipeline.train.optim import build_optimizer
 
@@ -488,9 +489,9 @@ def test_the_train_stage_orthogonalises_in_its_own_precision() -> None:
     g = torch.randn(8, 16)
     coeffs = (3.4445, -4.7750, 2.0315)
     try:
-        build_optimizer(model, TrainConfig(optimizer="muon"), 4, "bfloat16")
+        build_optimizer(model, TrainConfig(optimizer=OptimizerName.muon), 4, "bfloat16")
         assert muon._zeropower_via_newtonschulz(g, coeffs, 5, 1e-7).dtype == torch.bfloat16
-        build_optimizer(model, TrainConfig(optimizer="muon"), 4, "float32")
+        build_optimizer(model, TrainConfig(optimizer=OptimizerName.muon), 4, "float32")
         assert muon._zeropower_via_newtonschulz(g, coeffs, 5, 1e-7).dtype == torch.float32
     finally:
         from eagle3_pipeline.compat.torch_muon import newton_schulz_on_cpu
