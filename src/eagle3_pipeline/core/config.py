@@ -685,7 +685,9 @@ class ValidateConfig:
     )
     device: Device | None = setting(None, "decode on this device (null: hardware.device)")
     dtype: Dtype | None = setting(
-        None, "decoding precision (null: float32 on CPU, model.dtype on CUDA)"
+        None,
+        "precision of the proof and the speed figures (null: the proof float32 on CPU, "
+        "the speed in the target's precision: model.dtype, else preflight's choice)",
     )
     # In float32 a divergence from plain greedy decoding is a bug: fail the stage.
     require_lossless: bool = setting(
