@@ -5,7 +5,10 @@ Same data (the prepared rows + hidden states of each working directory), same pa
 batches, same draft shape, optimizer (``train.optimizer``: Muon by default, as speculators'
 recipe) and device; speculators' ``Trainer`` runs with only the patches of
 ``eagle3_pipeline.compat.speculators.speculators_trainer``. What differs is the step
-itself: our packed attention (``sdpa_packed`` on CPU, speculators' dense ``sdpa``), our
+itself: our packed attention (``sdpa_packed`` on CPU: per document, causal blocks by the
+flash kernel's own causal path and the TTT steps' diagonal keys as dot products;
+speculators' dense ``sdpa``), our loss (``cpu``: the forward KL as one autograd function;
+speculators' ``eager``), our
 training-only hidden-state noise (``train.hidden_noise``, which the stock step does not
 add: its cost is counted against ours), our loop's batch prefetch and deferred read-back.
 Trials are interleaved (ours, theirs, theirs, ours, ...) so that load from other processes
@@ -107,7 +110,9 @@ def measure(work: Path, dtype: str, args: argparse.Namespace) -> Row:
     stock = (
         cfg
         if plan.runtime.device == "cuda"
-        else load_workdir_config(work, [*overrides, "train.attn_implementation=sdpa"])
+        else load_workdir_config(
+            work, [*overrides, "train.attn_implementation=sdpa", "train.loss_implementation=eager"]
+        )
     )
     other = DraftTrainer(
         TrainInputs.from_config(stock),
@@ -131,8 +136,8 @@ def measure(work: Path, dtype: str, args: argparse.Namespace) -> Row:
             lr=t.lr,
             num_epochs=1,
             save_path=tmp,
-            train_call_kwargs=ours.call_kwargs(),
-            val_call_kwargs=ours.call_kwargs(),
+            train_call_kwargs=other.call_kwargs(),
+            val_call_kwargs=other.call_kwargs(),
             optimizer="muon" if str(t.optimizer) == "muon" else "adamw",
             weight_decay=t.weight_decay,
             muon_lr=t.muon_lr or t.lr,
@@ -186,7 +191,8 @@ def measure(work: Path, dtype: str, args: argparse.Namespace) -> Row:
             )
     row.facts = (
         f"attention {ours.attn} (speculators: {other.attn}), optimizer {t.optimizer}, "
-        f"noise {t.hidden_noise}, prefetch {ours.prefetch}, loss {ours.loss_impl}, "
+        f"noise {t.hidden_noise}, prefetch {ours.prefetch}, "
+        f"loss {ours.loss_impl} (speculators: {other.loss_impl}), "
         f"{t.tokens_per_step} tokens/step, {args.steps} steps x {args.trials} trials"
     )
     return row

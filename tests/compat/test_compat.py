@@ -497,3 +497,57 @@ def test_the_train_stage_orthogonalises_in_its_own_precision() -> None:
         from eagle3_pipeline.compat.torch_muon import newton_schulz_on_cpu
 
         newton_schulz_on_cpu("float32")
+
+
+def test_speculators_eagle3_forward_still_takes_torch_argmax() -> None:
+    """compat/speculators_argmax.py swaps the ``torch`` these modules see; it pays only
+    while they call ``torch.argmax`` over the vocabulary (speculators 0.9 does, 3 times a
+    TTT step)."""
+    import importlib
+    import inspect
+
+    from eagle3_pipeline.compat.speculators_argmax import MODULES
+
+    calls = 0
+    for name in MODULES:
+        module = importlib.import_module(name)
+        assert module.torch is torch
+        calls += inspect.getsource(module).count("torch.argmax(")
+    assert calls >= 3
+
+
+def test_argmax_by_max_gives_torchs_indices_inside_and_restores_torch() -> None:
+    import importlib
+
+    from eagle3_pipeline.compat.speculators_argmax import MODULES, argmax_by_max
+
+    core = importlib.import_module(MODULES[0])
+    x = torch.randn(2, 50, 300).bfloat16()
+    x[0, :, 7] = x[0, :, 9] = 100.0  # ties: both give the first maximal index
+    with argmax_by_max():
+        assert core.torch is not torch
+        assert core.torch.nn is torch.nn  # everything else is torch itself
+        for dim in (-1, 1):
+            assert torch.equal(core.torch.argmax(x, dim=dim), torch.argmax(x, dim=dim))
+        assert torch.equal(core.torch.argmax(x), torch.argmax(x))
+    assert core.torch is torch
+
+
+def test_torchs_cpu_flash_kernels_take_the_arguments_we_pass() -> None:
+    """compat/torch_flash.py calls two private aten ops; their schemas as it expects."""
+    from eagle3_pipeline.compat import torch_flash
+
+    assert torch_flash.available()
+    fwd = str(getattr(torch.ops.aten, torch_flash.FORWARD).default._schema)
+    bwd = str(getattr(torch.ops.aten, torch_flash.BACKWARD).default._schema)
+    assert "float dropout_p=0., bool is_causal=False, *, Tensor? attn_mask=None" in fwd
+    assert "-> (Tensor output, Tensor logsumexp)" in fwd
+    assert "Tensor out, Tensor logsumexp, float dropout_p, bool is_causal" in bwd
+    q, k, v = (torch.randn(1, 2, 40, 8) for _ in range(3))
+    out, lse = torch_flash.causal_forward(q, k, v, 0.5)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.5)
+    torch.testing.assert_close(out, ref)
+    scores = (q @ k.transpose(-1, -2) * 0.5).masked_fill(
+        ~torch.ones(40, 40, dtype=torch.bool).tril(), float("-inf")
+    )
+    torch.testing.assert_close(lse, torch.logsumexp(scores, -1))

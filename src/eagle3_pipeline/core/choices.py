@@ -143,8 +143,9 @@ class LossName(Choice):
 
 
 class LossImplementation(Choice):
-    eager = "eager"
-    fused = "fused"
+    eager = "eager"  # speculators' eager losses
+    cpu = "cpu"  # speculators' eager losses, the forward KL as one autograd function (CPU)
+    fused = "fused"  # speculators' Triton kernels (CUDA)
 
 
 class Parallel(Choice):

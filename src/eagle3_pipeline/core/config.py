@@ -615,7 +615,7 @@ class TrainConfig:
         None, "attention kernel (null: sdpa_packed on CPU)"
     )
     loss_implementation: LossImplementation | None = setting(
-        None, "loss kernel (null: eager on CPU, fused on CUDA)"
+        None, "loss kernel (null: cpu on CPU, fused on CUDA with Triton, else eager)"
     )
     max_steps: int | None = setting(
         None, "stop after this many steps (benchmarks, smoke tests)", ge=1

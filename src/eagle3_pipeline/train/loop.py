@@ -23,9 +23,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from eagle3_pipeline.compat.speculators_argmax import argmax_by_max
 from eagle3_pipeline.draft.shape import build_draft, build_vocab_mapping, load_token_freq
 from eagle3_pipeline.runtime.faults import PREFIX, fault_after
 from eagle3_pipeline.train import warm_start
@@ -39,6 +41,7 @@ from eagle3_pipeline.train.distributed import (
 from eagle3_pipeline.train.errors import SimulatedFailure
 from eagle3_pipeline.train.inputs import target_model_dir
 from eagle3_pipeline.train.live import History, LiveCurves
+from eagle3_pipeline.train.losses import loss_config
 from eagle3_pipeline.train.metrics import accumulate, summarize
 from eagle3_pipeline.train.optim import build_optimizer
 from eagle3_pipeline.train.plan import TrainPlan
@@ -172,13 +175,11 @@ class DraftTrainer:
 
     def call_kwargs(self) -> dict[str, Any]:
         """speculators' forward arguments: TTT steps, their loss decay, the loss."""
-        from speculators.losses import resolve_loss_config
-
         if self._kwargs is None:
             self._kwargs = {
                 "ttt_steps": self.k,
                 "ttt_step_loss_decay": self.t.ttt_step_loss_decay,
-                "loss_config": resolve_loss_config(self.t.loss, self.loss_impl),
+                "loss_config": loss_config(self.t.loss, self.loss_impl),
             }
         return self._kwargs
 
@@ -193,12 +194,17 @@ class DraftTrainer:
         )
         return {k: batch[k].to(self.device, non_blocking=True) for k in keys}
 
-    def _autocast(self) -> Any:
+    @contextlib.contextmanager
+    def _forward_context(self) -> Iterator[None]:
+        """The forward's context: autocast to the run's precision, and speculators'
+        argmaxes by ``max`` (compat/speculators_argmax.py: the same tokens, faster)."""
         import torch
 
-        if self.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(argmax_by_max())
+            if self.autocast_dtype is not None:
+                stack.enter_context(torch.autocast(self.device.type, dtype=self.autocast_dtype))
+            yield
 
     def add_noise(self, batch: dict[str, Any], step: int) -> None:
         """Uniform noise of width ``train.hidden_noise`` on the input hidden states (not
@@ -222,7 +228,7 @@ class DraftTrainer:
 
         gb = self._to_device(batch)
         self.add_noise(gb, step)
-        with self._autocast():
+        with self._forward_context():
             _tokens, loss, metrics = self.ddp_model(**gb, **self.call_kwargs())
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -263,7 +269,7 @@ class DraftTrainer:
             with contextlib.closing(ahead):  # stops the thread if a forward fails
                 for batch in ahead:
                     gb = self._to_device(batch)
-                    with self._autocast():
+                    with self._forward_context():
                         _tokens, _loss, metrics = self.model(**gb, **self.call_kwargs())
                     accumulate(sums, metrics)
         self.model.train()

@@ -90,7 +90,7 @@ class TrainRecord(Record):
     dtype: str  # the training dtype (bf16: autocast over float32 master weights)
     dtype_why: str  # why: train.dtype, hardware.train_dtype, or preflight's choice on a CPU
     attn_implementation: str  # the draft's attention kernel
-    loss_implementation: str  # eager or fused loss
+    loss_implementation: str  # cpu, eager or fused loss (train/losses.py)
     world_size: int  # training processes
     parallel: str  # ddp, fsdp or none (one process)
     parallel_reason: str  # why that parallel mode

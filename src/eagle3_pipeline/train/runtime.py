@@ -58,7 +58,7 @@ def resolve_runtime(cfg: TrainInputs) -> Runtime:
     else:  # preflight's choice for the target
         precision = rule_precision(device, cfg.model.tiny is not None, cfg.paths.precision)
     attn = t.attn_implementation or ("sdpa_packed" if device == "cpu" else None)
-    loss_impl = t.loss_implementation or ("eager" if device == "cpu" else None)
+    loss_impl = t.loss_implementation or ("cpu" if device == "cpu" else None)
     if device != "cuda":
         world = t.nproc or 1
     else:
