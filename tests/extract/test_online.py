@@ -16,7 +16,9 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -49,13 +51,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run(work: Path, module: str, *overrides: str) -> None:
+def _run(work: Path, module: str, *overrides: str, env: dict[str, str] | None = None) -> None:
     """A stage as DVC runs it: its own process, in ``work``."""
     proc = subprocess.run(
         [sys.executable, "-m", f"eagle3_pipeline.stages.{module}", *overrides],
         cwd=work,
         capture_output=True,
         text=True,
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
 
@@ -81,6 +84,15 @@ def offline_work(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory) ->
         "extract.server.concurrency=4",
     )
     return work
+
+
+@pytest.fixture
+def short_temp() -> Iterator[Path]:
+    """A temp directory of this test's own with a short path: vLLM puts its ZMQ sockets
+    in ``TMPDIR``, whose paths may not pass 107 characters."""
+    path = Path(tempfile.mkdtemp(prefix="e3-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _copy(src: Path, dst: Path) -> Path:
@@ -189,9 +201,13 @@ def _group_alive(pgid: int) -> bool:
 
 @pytest.mark.slow
 def test_online_training_equals_offline_and_resumes_after_kill_9(
-    offline_work: Path, tmp_path: Path
+    offline_work: Path, tmp_path: Path, short_temp: Path
 ) -> None:
     online = _copy(offline_work, tmp_path / "online")
+    # the stages' own temp directory: other tests' online runs (other xdist workers)
+    # stage in the system's, so only this one tells whether ours cleaned up
+    temp = short_temp
+    env = {**os.environ, "TMPDIR": str(temp)}
     port = _free_port()
     _run(
         online,
@@ -204,7 +220,7 @@ def test_online_training_equals_offline_and_resumes_after_kill_9(
     assert sorted(p.name for p in (online / "data/hidden_states").iterdir()) == ["manifest.json"]
     offline = _copy(offline_work, tmp_path / "offline")
     _run(offline, "train", *DATA, *TRAIN)
-    _run(online, "train", *DATA, *TRAIN)
+    _run(online, "train", *DATA, *TRAIN, env=env)
     a, b = _losses(offline), _losses(online)
     assert len(a) == len(b) > 4
     # vLLM computed both from the same engine; only its batching differed (float32 sums)
@@ -214,7 +230,7 @@ def test_online_training_equals_offline_and_resumes_after_kill_9(
     mb = json.loads((online / "metrics/details/train.json").read_text())
     assert mb["hidden_states"] == "online" and ma["hidden_states"] == "offline"
     assert abs(ma["val_loss"] - mb["val_loss"]) <= 1e-3 * abs(ma["val_loss"])
-    assert not list(Path(os.environ.get("TMPDIR", "/tmp")).glob("eagle3-online-*"))
+    assert not list(temp.glob("eagle3-online-*"))
     # the drafts' acceptance, by our evaluator on the held-out prompts
     for work in (offline, online):
         _run(
@@ -240,6 +256,7 @@ def test_online_training_equals_offline_and_resumes_after_kill_9(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        env=env,
     )
     state = online / "data/train_state/state.json"
     deadline = time.monotonic() + 600
@@ -253,13 +270,13 @@ def test_online_training_equals_offline_and_resumes_after_kill_9(
     while not _port_free(port) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert _port_free(port), "the extraction server outlived the killed stage"
-    staging = Path(os.environ.get("TMPDIR", "/tmp"))
     deadline = time.monotonic() + 30  # the guard removes the killed run's staging files
-    while list(staging.glob("eagle3-online-*")) and time.monotonic() < deadline:
+    while list(temp.glob("eagle3-online-*")) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not list(staging.glob("eagle3-online-*"))
+    assert not list(temp.glob("eagle3-online-*"))
     saved = json.loads(state.read_text())["global_step"]
-    _run(online, "train", *args)
+    _run(online, "train", *args, env=env)
+    assert not list(temp.glob("eagle3-online-*"))
     m = json.loads((online / "metrics/details/train.json").read_text())
     assert m["resumed"] and m["steps_this_run"] == m["steps"] - saved
     assert [
