@@ -190,8 +190,10 @@ def test_killed_run_resumes_and_the_draft_learns(kimi_data: Path, run_in, monkey
     loss = (live / "plots/metrics/train/loss.tsv").read_text().splitlines()
     assert loss[0].split("\t") == ["step", "loss"]
     assert [int(r.split("\t")[0]) for r in loss[1:]] == list(range(1, m["steps"] + 1))
+    # one val point per epoch; the written draft is the chosen epoch's (train.select)
     val = (live / "plots/metrics/val/loss.tsv").read_text().splitlines()[1:]
-    assert float(val[-1].split("\t")[1]) == m["val_loss"]
+    chosen = m["checkpoint"]["chosen_epoch"]
+    assert len(val) == 2 and float(val[chosen].split("\t")[1]) == m["val_loss"]
     assert (live / "plots/images/curves.png").read_bytes()[:4] == b"\x89PNG"
     # the summary DVC shows carries the stage's own figures, unchanged
     summary = json.loads((live / "metrics.json").read_text())
@@ -200,10 +202,69 @@ def test_killed_run_resumes_and_the_draft_learns(kimi_data: Path, run_in, monkey
         "val": {"loss": m["val_loss"]},
         "tokens_per_s": m["tokens_per_s"],
     }  # no per-step noise in the headline
-    val_acc = (live / "plots/metrics/val/acc_2.tsv").read_text().splitlines()
-    assert float(val_acc[-1].split("\t")[1]) == m["val_accuracy_per_position"][2]
+    val_acc = (live / "plots/metrics/val/acc_2.tsv").read_text().splitlines()[1:]
+    assert float(val_acc[chosen].split("\t")[1]) == m["val_accuracy_per_position"][2]
     draft = load_draft(work / "data/draft", work / "data/target/model")
     assert draft.d2t.shape[0] == 512
+
+
+def _tensors(directory: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    out: dict[str, torch.Tensor] = {}
+    for f in sorted(directory.glob("*.safetensors")):
+        out.update(load_file(f))
+    return out
+
+
+def test_the_draft_written_is_the_epoch_the_measure_chose(kimi_data: Path, run_in) -> None:
+    """train.select: every epoch is a candidate; the one written scores best on the
+    held-out rows by the measure; its figures are the record's; each epoch's draft is
+    kept when asked, and the written draft is byte for byte the chosen one's."""
+    from eagle3_pipeline.compat.speculators import load_draft
+    from eagle3_pipeline.stages.train import main
+
+    work = run_in(kimi_data)
+    main([*REDUCED, "train.epochs=3", "train.keep_epoch_drafts=true"])
+    m = json.loads((work / "metrics/details/train.json").read_text())
+    choice = m["checkpoint"]
+    cands = choice["candidates"]
+    assert choice["measure"] == "val_acceptance" and [c["epoch"] for c in cands] == [0, 1, 2]
+    # the candidates' figures are the curves' val points, epoch by epoch
+    live = work / "dvclive/train/plots/metrics/val"
+    for name, key in (("acceptance", "val_acceptance"), ("loss", "val_loss")):
+        rows = (live / f"{name}.tsv").read_text().splitlines()[1:]
+        assert [float(r.split("\t")[1]) for r in rows] == [c[key] for c in cands]
+        assert [int(r.split("\t")[0]) for r in rows] == [c["step"] for c in cands]
+    best = max(range(3), key=lambda i: (cands[i]["val_acceptance"], -i))
+    assert choice["chosen_epoch"] == best and not choice["stopped_early"]
+    assert m["val_loss"] == cands[best]["val_loss"]
+    assert m["val_accuracy_per_position"] == cands[best]["val_accuracy_per_position"]
+    epochs = work / "data/train_state/epochs"
+    assert sorted(p.name for p in epochs.iterdir()) == ["epoch_000", "epoch_001", "epoch_002"]
+    written = _tensors(work / "data/draft")
+    for e in range(3):
+        kept = _tensors(epochs / f"epoch_{e:03d}")
+        assert kept.keys() == written.keys()
+        # every epoch moved the weights: only the chosen epoch's equal the written draft
+        assert all(torch.equal(kept[n], written[n]) for n in kept) == (e == best), e
+        load_draft(epochs / f"epoch_{e:03d}", work / "data/target/model")  # each one serves
+
+
+def test_patience_ends_the_run_when_no_epoch_does_better(kimi_data: Path, run_in) -> None:
+    """A learning rate too small to move any argmax gives every epoch the same held-out
+    figures: no epoch beats the first, and train.patience=1 stops after the second."""
+    from eagle3_pipeline.stages.train import main
+
+    work = run_in(kimi_data)
+    main([*REDUCED, "train.epochs=4", "train.lr=1e-12", "train.patience=1"])
+    m = json.loads((work / "metrics/details/train.json").read_text())
+    choice = m["checkpoint"]
+    assert choice["stopped_early"] and choice["patience"] == 1
+    assert [c["epoch"] for c in choice["candidates"]] == [0, 1] and choice["chosen_epoch"] == 0
+    assert m["steps"] == choice["candidates"][1]["step"] < m["total_steps"]
+    state = json.loads((work / "data/train_state/state.json").read_text())
+    assert state["finished"]  # a rerun trains anew rather than resuming past the stop
 
 
 def _expect_refusal(overrides: list[str], match: str) -> None:

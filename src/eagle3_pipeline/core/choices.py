@@ -148,6 +148,14 @@ class LossImplementation(Choice):
     fused = "fused"  # speculators' Triton kernels (CUDA)
 
 
+class CheckpointMeasure(Choice):
+    """Which epoch's draft the train stage writes (``train/select.py``)."""
+
+    val_acceptance = "val_acceptance"  # 1 + the summed per-position accuracies, held out
+    val_loss = "val_loss"  # the lowest held-out loss
+    last = "last"  # the last epoch's, whatever its figures
+
+
 class Parallel(Choice):
     auto = "auto"
     ddp = "ddp"

@@ -29,6 +29,7 @@ from typing import Any, get_args, get_origin, get_type_hints
 
 from eagle3_pipeline.core.choices import (
     AttnImplementation,
+    CheckpointMeasure,
     DataFormat,
     DataSource,
     Device,
@@ -589,6 +590,23 @@ class TrainConfig:
     )
     val_fraction: float = setting(
         0.1, "share of the prepared rows (the last ones) kept for validation loss", gt=0, lt=1
+    )
+    # The draft written is the epoch's that scores best on the held-out rows (the last one
+    # is not the best once the draft overfits: acceptance peaks after a few epochs), so
+    # train.epochs is the most epochs tried. val_acceptance: 1 + the sum over positions of
+    # the accuracy of all draft tokens up to it (speculators' EAL + 1, the acceptance length
+    # greedy decoding sees on those rows).
+    select: CheckpointMeasure = setting(
+        CheckpointMeasure.val_acceptance,
+        "which epoch's draft is written: val_acceptance (held out), val_loss or last",
+    )
+    patience: int | None = setting(
+        None,
+        "stop after this many epochs without a better draft by train.select (null: never)",
+        ge=1,
+    )
+    keep_epoch_drafts: bool = setting(
+        False, "also write each epoch's draft to data/train_state/epochs/ (to serve them)"
     )
     checkpoint_every_steps: int = setting(
         50, "steps between resumable states (also at each epoch's end)", ge=1

@@ -20,6 +20,7 @@ from typing import Any
 
 from eagle3_pipeline.core.metrics import open_live
 from eagle3_pipeline.train.record import TrainRecord
+from eagle3_pipeline.train.select import val_acceptance
 
 
 @dataclass
@@ -50,6 +51,7 @@ class History:
             "epoch": epoch,
             "step": step,
             "val_loss": val["loss"],
+            "val_acceptance": val_acceptance(val["accuracy_per_position"]),
             **{f"val_acc_{i}": a for i, a in enumerate(val["accuracy_per_position"])},
         }
         self.epochs.append(row)
@@ -95,14 +97,19 @@ class LiveCurves:
             self.live.summary["val"] = {"loss": val["loss"]} if "loss" in val else {}
         self.live.make_summary()
 
-    def finish(self, history: History, k: int) -> None:
-        """The curves image and the summary; the stage adds its headline afterwards."""
+    def finish(self, history: History, k: int, val_loss: float | None = None) -> None:
+        """The curves image and the summary; the stage adds its headline afterwards.
+        ``val_loss``: the written draft's (train.select may have chosen an earlier epoch
+        than the last curve point)."""
         import matplotlib.pyplot as plt
 
         fig = curves_figure(history, k)
         self.live.log_image("curves.png", fig)
         plt.close(fig)
         self.summary()
+        if val_loss is not None:
+            self.live.summary["val"] = {"loss": val_loss}
+            self.live.make_summary()
 
 
 def write_summary(directory: Path, record: TrainRecord) -> dict[str, Any]:

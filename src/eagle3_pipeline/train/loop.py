@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from eagle3_pipeline.compat.speculators_argmax import argmax_by_max
+from eagle3_pipeline.core.choices import CheckpointMeasure
 from eagle3_pipeline.draft.shape import build_draft, build_vocab_mapping, load_token_freq
 from eagle3_pipeline.runtime.faults import PREFIX, fault_after
 from eagle3_pipeline.train import warm_start
@@ -48,7 +49,15 @@ from eagle3_pipeline.train.plan import TrainPlan
 from eagle3_pipeline.train.prefetch import prefetch
 from eagle3_pipeline.train.record import EpochSharding
 from eagle3_pipeline.train.runtime import cuda_attention, cuda_loss
-from eagle3_pipeline.train.state import load_state, save_state
+from eagle3_pipeline.train.save import save_draft
+from eagle3_pipeline.train.select import Selection, candidate
+from eagle3_pipeline.train.state import (
+    EPOCH_DRAFTS,
+    full_state_dict,
+    load_state,
+    save_state,
+    trainable_state,
+)
 from eagle3_pipeline.train.view import TrainInputs
 
 log = logging.getLogger(__name__)
@@ -118,6 +127,8 @@ class DraftTrainer:
         self.val_untrained: dict[str, Any] | None = None
         self.last_val: dict[str, Any] | None = None
         self.sharding: list[EpochSharding] = []  # per epoch: which rank trained on which rows
+        # which epoch's draft is written (train.select) and when to stop (train.patience)
+        self.selection = Selection(str(self.t.select), self.t.patience)
         self.fail_after = fault_after(FAULT_NAME)
         self._kwargs: dict[str, Any] | None = None
         # steps whose figures are still on the device: (global step, epoch, train_step's out)
@@ -338,15 +349,16 @@ class DraftTrainer:
             batches = self.epoch_batches(self.train_ds, epoch)
             start = skip if epoch == start_epoch else 0
             step_in_epoch = self._train_epoch(bar, epoch, batches, start, run)
-            if step_in_epoch == len(batches) or self._done():
-                self._end_epoch(epoch)
+            if (step_in_epoch == len(batches) or self._done()) and self._end_epoch(epoch):
+                break
         if self.last_val is None:
             self.last_val = self.validate()
         return {
             "steps_this_run": run.steps,
             "tokens_this_run": run.tokens,
             "train_s": run.train_s,
-            "val": self.last_val,
+            # the figures of the draft that is written: the chosen epoch's
+            "val": self.selection.best_val or self.last_val,
         }
 
     def _train_epoch(
@@ -433,18 +445,47 @@ class DraftTrainer:
                 f"step {self.global_step} (test-only fault)"
             )
 
-    def _end_epoch(self, epoch: int) -> None:
-        """Validate, record the epoch's curve point and save the state at its end."""
+    def _end_epoch(self, epoch: int) -> bool:
+        """Validate, offer the epoch's draft to the choice (``train.select``), record its
+        curve point and save the state at its end; True when ``train.patience`` ends the
+        run here."""
         val = self.validate()
         point = self.history.log_epoch(epoch, self.global_step, val)
         if self.curves is not None:
             self.curves.log_epoch(point)
+        cand = candidate(epoch, self.global_step, val)
+        if self.selection.offer(cand, val) and self.t.select != CheckpointMeasure.last:
+            # a copy: on CPU the state dict's tensors are the live parameters (under FSDP a
+            # gather, on every rank; the verdict is the same on all: val is all-reduced)
+            kept = trainable_state(self.model, self.parallel)
+            self.selection.best_weights = {n: t.clone() for n, t in kept.items()}
+        stop = self.selection.out_of_patience() and not self._done()
+        stop = stop and epoch + 1 < self.t.epochs
+        self.selection.stopped_early = stop
+        best = self.selection.candidates[self.selection.best or 0]
         log.info(
-            "epoch %d: val loss %.4f, per-position accuracy %s",
+            "epoch %d: val loss %.4f, per-position accuracy %s, val acceptance %.3f "
+            "(best by %s: epoch %d)%s",
             epoch,
             val["loss"],
             [round(a, 3) for a in val["accuracy_per_position"]],
+            cand.val_acceptance,
+            self.t.select,
+            best.epoch,
+            f"; no better draft for {self.t.patience} epochs: stopping" if stop else "",
         )
+        if self.t.keep_epoch_drafts:
+            self._save_epoch_draft(epoch)
         # resumes at the start of the next epoch; finished after the last one
-        save_state(self, epoch + 1, 0, finished=self._done() or epoch + 1 == self.t.epochs)
+        last = self._done() or epoch + 1 == self.t.epochs or stop
+        save_state(self, epoch + 1, 0, finished=last)
         self.last_val = val
+        return stop
+
+    def _save_epoch_draft(self, epoch: int) -> None:
+        """This epoch's draft as vLLM serves it, beside the resumable state (a gather on
+        every rank under FSDP; rank 0 writes)."""
+        full = full_state_dict(self.model, "fsdp") if self.parallel == "fsdp" else None
+        if self.d.main:
+            out = self.plan.paths.state / EPOCH_DRAFTS / f"epoch_{epoch:03d}"
+            save_draft(self.model, out, self.k, state_dict=full)

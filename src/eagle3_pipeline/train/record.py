@@ -64,6 +64,29 @@ class EpochSharding:
     train_rows: int  # rows of the training split
 
 
+@dataclass(frozen=True)
+class EpochCandidate:
+    """One epoch's draft as the choice saw it: its figures on the held-out rows."""
+
+    epoch: int  # 0-based
+    step: int  # the optimizer step it ended at
+    val_loss: float  # held-out loss (sum over TTT steps)
+    val_acceptance: float  # 1 + the summed per-position accuracies on the held-out rows
+    val_accuracy_per_position: list[float]  # all draft tokens up to position i correct
+
+
+@dataclass(frozen=True)
+class CheckpointChoice:
+    """Which epoch's draft was written, by what measure, among which candidates."""
+
+    measure: str  # train.select: val_acceptance, val_loss or last
+    chosen_epoch: int  # the written draft's epoch (0-based)
+    chosen_step: int  # ... and its step
+    candidates: list[EpochCandidate]  # every epoch validated, in order
+    stopped_early: bool  # train.patience ended the run before train.epochs
+    patience: int | None  # train.patience
+
+
 @dataclass(kw_only=True)
 class TrainRecord(Record):
     STAGE = "train"
@@ -72,7 +95,7 @@ class TrainRecord(Record):
     # 2: the target's name is ``target``, as in every other record (was ``model``)
     version: int = 2
 
-    val_loss: float  # on the held-out rows (sum over TTT steps), after training
+    val_loss: float  # on the held-out rows (sum over TTT steps), of the draft written
     val_loss_untrained: float | None  # the same before the first step (None: not measured)
     val_loss_ratio: float | None  # val_loss / val_loss_untrained
     val_accuracy_per_position: list[float]  # all draft tokens up to position i correct
@@ -111,5 +134,7 @@ class TrainRecord(Record):
     # added by the stage (hidden_states: by rank 0): how torchrun ran, NVML once it ended
     launcher: Launcher | None = optional()  # torchrun's (None: trained in the stage's process)
     hidden_states: str  # offline (files) or online (a vLLM server during training)
+    # the epoch whose draft was written (train.select) and the others' figures
+    checkpoint: CheckpointChoice | None = optional()
     gpu: GpuRelease  # NVML after the workers exited, vs preflight's snapshot
     gpu_released: bool | None  # GPU memory back to preflight's reading (None: not checked)

@@ -40,11 +40,18 @@ def train(cfg: TrainInputs, progress: bool = True) -> TrainRecord | None:
         full = full_state_dict(trainer.model, "fsdp") if trainer.parallel == "fsdp" else None
         if not d.main:
             return None
+        chosen = trainer.selection
+        if not chosen.is_last_best() and chosen.best_weights:
+            # an earlier epoch's draft scored better (train.select): it is the one written
+            if full is not None:
+                full.update(chosen.best_weights)
+            else:
+                trainer.model.load_state_dict(chosen.best_weights, strict=False)
         config = save_draft(
             trainer.model, plan.paths.draft, cfg.train.speculative_tokens, state_dict=full
         )
         if trainer.curves is not None:
-            trainer.curves.finish(trainer.history, trainer.k)
+            trainer.curves.finish(trainer.history, trainer.k, float(result["val"]["loss"]))
         return run_record(cfg, trainer, result, config, time.perf_counter() - t_start)
     finally:
         close_distributed(d)
@@ -138,6 +145,7 @@ def run_record(
             else None
         ),
         hidden_states="online" if plan.online is not None else "offline",
+        checkpoint=trainer.selection.choice(),
         gpu=GpuRelease(mode="not applicable", reason=NOT_READ_BY_WORKERS),
         gpu_released=None,
     )

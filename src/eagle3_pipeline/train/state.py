@@ -28,10 +28,12 @@ from eagle3_pipeline.train.record import EpochSharding
 if TYPE_CHECKING:
     from eagle3_pipeline.train.distributed import Dist
     from eagle3_pipeline.train.plan import TrainPlan
+    from eagle3_pipeline.train.select import Selection
 
 log = logging.getLogger(__name__)
 
 STATE_FILE = "state.pt"
+EPOCH_DRAFTS = "epochs"  # train.keep_epoch_drafts: each epoch's draft, under the state dir
 SUMMARY_FILE = "state.json"
 _SUMMARY_KEYS = ("fingerprint", "global_step", "epoch", "step_in_epoch", "total_steps", "finished")
 
@@ -53,6 +55,7 @@ class Resumable(Protocol):
     sharding: list[EpochSharding]
     val_untrained: dict[str, Any] | None
     val_loss_untrained: float | None
+    selection: Selection
 
 
 def full_state_dict(model: Any, parallel: str) -> dict[str, Any]:
@@ -67,7 +70,9 @@ def full_state_dict(model: Any, parallel: str) -> dict[str, Any]:
     )
 
 
-def _trainable_state(model: Any, parallel: str) -> dict[str, Any]:
+def trainable_state(model: Any, parallel: str) -> dict[str, Any]:
+    """The trainable tensors of :func:`full_state_dict` (on CPU: the live parameters
+    themselves, so a caller that keeps them copies them)."""
     names = {n for n, p in model.named_parameters() if p.requires_grad}
     return {n: t for n, t in full_state_dict(model, parallel).items() if n in names}
 
@@ -96,7 +101,7 @@ def save_state(tr: Resumable, epoch: int, step_in_epoch: int, finished: bool = F
     if tr.parallel != "fsdp" and not tr.d.main:
         return
     # under FSDP these gather: every rank takes part, rank 0 writes
-    model_state = _trainable_state(tr.model, tr.parallel)
+    model_state = trainable_state(tr.model, tr.parallel)
     optim_state = _optimizer_state(tr.model, tr.optimizer, tr.parallel)
     if not tr.d.main:
         return
@@ -119,6 +124,8 @@ def save_state(tr: Resumable, epoch: int, step_in_epoch: int, finished: bool = F
         # plain dicts: a state stays loadable whatever becomes of the record's class
         "sharding": [asdict(s) for s in tr.sharding],
         "val_untrained": tr.val_untrained,
+        # the epochs' figures and the best one's weights (train.select)
+        "selection": tr.selection.state(),
     }
     buf = io.BytesIO()
     torch.save(state, buf)
@@ -191,6 +198,7 @@ def load_state(tr: Resumable) -> tuple[int, int] | None:
     tr.sharding = [EpochSharding(**s) for s in state.get("sharding", [])]
     tr.val_untrained = state.get("val_untrained")
     tr.val_loss_untrained = (tr.val_untrained or {}).get("loss")
+    tr.selection.restore(state.get("selection") or {})
     log.info(
         "resuming from %s at step %d (epoch %d, step %d of it)",
         path,
