@@ -475,6 +475,8 @@ def test_stage_writes_outputs_and_exit_codes(tmp_path, monkeypatch):
     # this machine's own CPU: whatever it reports, the inventory names it and the details
     # hold the reading (the branches are tested on stated CPUs in tests/runtime/test_cpu.py)
     assert inv == {"mode": "cpu", "cpu_bf16": metrics["cpu"]["bf16"]}
+    # the cores the stages may use: what eagle3-compare multiplies wall hours by
+    assert isinstance(metrics["cpu"]["cores"], int) and metrics["cpu"]["cores"] >= 1
     assert metrics["checks"]["cpu"]["passed"] is True
     assert metrics["passed"] is True and metrics["checks"]["disk"]["passed"] is True
     assert metrics["packages"]["torch"] == importlib.metadata.version("torch")

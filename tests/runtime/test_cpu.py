@@ -8,6 +8,7 @@ from cpus import (
     EPYC,
     EPYC_INFO,
     EPYC_ZEN4,
+    EPYC_ZEN4_INFO,
     TORCH_AMX,
     TORCH_AVX2,
     TORCH_AVX512_BF16,
@@ -82,3 +83,13 @@ def test_torch_still_answers_the_probes_preflight_asks() -> None:
     view = torch_cpu_view()
     assert view.error is None, view.error
     assert view.capability and isinstance(view.amx, bool) and isinstance(view.avx512_bf16, bool)
+
+
+def test_the_cores_are_the_process_affinity_not_the_machine_count() -> None:
+    """A run's CPU-hours multiply its wall time by these (eagle3-compare --x)."""
+    from eagle3_pipeline.runtime.cpu import read_this_cpu, usable_cores
+
+    assert read_cpu(EPYC_ZEN4_INFO, TORCH_AVX512_BF16, cores=2).cores == 2
+    assert read_cpu(EPYC_ZEN4_INFO, TORCH_AVX512_BF16).cores is None  # not read: not guessed
+    assert usable_cores() == read_this_cpu().cores
+    assert usable_cores() is not None and usable_cores() >= 1

@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 from commands import run_ok
 
-from eagle3_pipeline.tools.experiments.compare import changed_params, experiments_from_json, main
+from eagle3_pipeline.tools.experiments.compare import (
+    Experiment,
+    changed_params,
+    experiments_from_json,
+    main,
+)
+from eagle3_pipeline.tools.experiments.render import series
 
 STAGE = """\
 import json, os, yaml
@@ -22,6 +28,11 @@ os.makedirs("dvclive/train", exist_ok=True)
 json.dump({"acceptance_length": 1 + s / 1000, "vllm_speedup": 1 + s / 2000, "k": 3},
           open("dvclive/validate/metrics.json", "w"))
 json.dump({"step": 10, "val": {"loss": 5 - s / 1000 + lr}}, open("dvclive/train/metrics.json", "w"))
+# the stages' details as the pipeline writes them: wall times, and the cores preflight read
+os.makedirs("metrics/details", exist_ok=True)
+for stage, wall in (("prepare", 3.6 * s), ("extract", 360.0), ("train", 1800.0)):
+    json.dump({"wall_s": wall}, open(f"metrics/details/{stage}.json", "w"))
+json.dump({"cpu": {"cores": 2}}, open("metrics/details/preflight.json", "w"))
 """
 DVC_YAML = """\
 stages:
@@ -29,6 +40,8 @@ stages:
     cmd: python fake.py
     deps: [fake.py]
     params: [train]
+    outs:
+      - metrics/details: {cache: false}
     metrics:
       - dvclive/validate/metrics.json: {cache: false}
       - dvclive/train/metrics.json: {cache: false}
@@ -109,3 +122,54 @@ def test_nothing_validated_is_one_line(tmp_path, capsys):
     empty.write_text("[]")
     assert main(["--json", str(empty), "--out", str(tmp_path / "x.png")]) == 1
     assert capsys.readouterr().err.startswith("error: compare: no experiment has validated")
+
+
+@pytest.mark.integration  # a real DVC experiment queue over train.samples
+def test_a_queued_sweep_draws_acceptance_against_samples_and_cpu_hours(
+    project: Path, capsys, tmp_path
+):
+    dvc = (sys.executable, "-m", "dvc")
+    run_ok(project, *dvc, "exp", "run", "--queue", "-S", "train.samples=100,400")
+    run_ok(project, *dvc, "exp", "run", "--run-all")
+    out = tmp_path / "scaling.png"
+    assert main(["--repo", str(project), "--out", str(out), "--x", "train.samples"]) == 0
+    text = capsys.readouterr().out.splitlines()
+    header = text[0].split()
+    assert header[:2] == ["experiment", "train.samples"]
+    assert header[-2:] == ["hours", "CPU-hours"]
+    samples = [line.split()[1] for line in text[2:-1]]
+    # every experiment along train.samples, in its order: the baseline, both queued, the rest
+    assert samples == sorted(samples, key=int)
+    assert {"24", "100", "400", "1000"} <= set(samples)
+    by_samples = {line.split()[1]: line.split() for line in text[2:-1]}
+    # prepare 3.6 s a sample + extract 360 s + train 1800 s, read from each one's own commit
+    hours = (3.6 * 400 + 360 + 1800) / 3600
+    assert float(by_samples["400"][-2]) == pytest.approx(hours, rel=1e-3)
+    assert float(by_samples["400"][-1]) == pytest.approx(2 * hours, rel=1e-3)
+    assert out.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_sweep_along_a_param_no_experiment_has_is_one_line(tmp_path, capsys):
+    shown = tmp_path / "shown.json"
+    validated = {
+        "params": {"params.yaml": {"data": {"train": {"samples": 24}}}},
+        "metrics": {"dvclive/validate/metrics.json": {"data": {"acceptance_length": 2.0}}},
+    }
+    shown.write_text(json.dumps([{"rev": "workspace", "data": validated}]))
+    args = ["--json", str(shown), "--repo", str(tmp_path), "--x", "train.nothing"]
+    assert main([*args, "--out", str(tmp_path / "x.png")]) == 1
+    assert "no validated experiment has a numeric train.nothing" in capsys.readouterr().err
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_a_sweep_is_one_curve_per_combination_of_the_other_params():
+    def row(name: str, samples: int, lr: float) -> Experiment:
+        return Experiment(name, name, {"train.samples": samples, "train.lr": lr})
+
+    rows = [row("a", 64, 0.001), row("b", 250, 0.001), row("c", 250, 0.01), row("d", 1000, 0.001)]
+    curves = series(rows, "train.samples", changed_params(rows))
+    assert {k: [r.name for r in v] for k, v in curves.items()} == {
+        "train.lr=0.001": ["a", "b", "d"],
+        "train.lr=0.01": ["c"],
+    }
+    assert list(series(rows[:2], "train.samples", changed_params(rows[:2]))) == [""]

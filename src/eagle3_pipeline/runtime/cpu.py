@@ -21,6 +21,7 @@ tests state a platform instead of reading the machine they run on.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -53,6 +54,9 @@ class CpuReading:
     torch: TorchCpuView  # torch's own report
     bf16: Bf16  # native bf16 compute: "amx", "avx512_bf16" or "none"
     note: str | None  # why the flags and torch disagree, or which one was missing
+    # the cores this process may run on (its affinity): what a run's CPU-hours multiply
+    # its wall time by; None where it was not read
+    cores: int | None = None
 
     @property
     def native_bf16(self) -> bool:
@@ -103,8 +107,9 @@ def bf16_from_torch(view: TorchCpuView) -> Bf16 | None:
     return "avx512_bf16" if view.avx512_bf16 else "none"
 
 
-def read_cpu(cpuinfo: str | None, view: TorchCpuView) -> CpuReading:
-    """The reading from ``/proc/cpuinfo``'s text (None: unreadable) and torch's view."""
+def read_cpu(cpuinfo: str | None, view: TorchCpuView, cores: int | None = None) -> CpuReading:
+    """The reading from ``/proc/cpuinfo``'s text (None: unreadable), torch's view and the
+    cores the process may use."""
     model = vendor = None
     flags: set[str] | None = None
     if cpuinfo is not None:
@@ -126,7 +131,7 @@ def read_cpu(cpuinfo: str | None, view: TorchCpuView) -> CpuReading:
         if by_flags != by_torch:
             note = f"the CPU flags say {by_flags}, torch says {by_torch}: {bf16} kept"
     present = sorted(f for f in RELEVANT_FLAGS if f in flags) if flags is not None else None
-    return CpuReading(model, vendor, present, view, bf16, note)
+    return CpuReading(model, vendor, present, view, bf16, note, cores)
 
 
 def torch_cpu_view() -> TorchCpuView:
@@ -151,4 +156,13 @@ def read_this_cpu(cpuinfo: Path = CPUINFO) -> CpuReading:
         text: str | None = cpuinfo.read_text(errors="replace")
     except OSError:
         text = None
-    return read_cpu(text, torch_cpu_view())
+    return read_cpu(text, torch_cpu_view(), usable_cores())
+
+
+def usable_cores() -> int | None:
+    """The cores this process may run on (a container's or taskset's limit, not the
+    machine's count where the affinity call exists)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count()

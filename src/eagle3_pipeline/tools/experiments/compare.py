@@ -7,6 +7,11 @@ wide as every param and metric of the graph; a user choosing between sample coun
 aux layers or learning rates wants three figures against the one or two params they varied.
 The figures are read from DVC (``dvc exp show --json``), never recomputed: the same values
 ``dvc metrics show`` prints.
+
+``--x PARAM`` turns the comparison into a curve: the acceptance figures against a numeric
+param (``train.samples`` after a queued sweep: how much data buys how much acceptance) and
+against what each experiment's draft cost (hours and CPU-hours, from its own stage details:
+:mod:`eagle3_pipeline.tools.experiments.cost`).
 """
 
 from __future__ import annotations
@@ -111,6 +116,31 @@ def changed_params(rows: list[Experiment]) -> list[str]:
     ]
 
 
+COST_FIGURES = ("hours", "CPU-hours")  # with --x: what each experiment's draft cost
+
+
+def along(rows: list[Experiment], param: str) -> list[Experiment]:
+    """The rows with a numeric ``param``, sorted by it (the others were not run along it)."""
+    kept = [
+        r
+        for r in rows
+        if isinstance(r.params.get(param), (int, float))
+        and not isinstance(r.params.get(param), bool)
+    ]
+    return sorted(kept, key=lambda r: float(r.params[param]))
+
+
+def add_cost(rows: list[Experiment], repo: Path) -> None:
+    """Each row's hours and CPU-hours to its draft, from its own stage details."""
+    from eagle3_pipeline.tools.experiments.cost import read_cost
+
+    for r in rows:
+        details = r.params.get("paths.details")
+        cost = read_cost(repo, r.rev, details if isinstance(details, str) else None)
+        r.figures["hours"] = cost.hours
+        r.figures["CPU-hours"] = cost.cpu_hours
+
+
 def dvc_exp_show(cwd: Path, extra: list[str]) -> list[dict[str, Any]]:
     proc = subprocess.run(
         [sys.executable, "-m", "dvc", "exp", "show", "--json", *extra],
@@ -149,8 +179,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="experiments of every commit, not only HEAD's (dvc exp show -A)",
     )
+    ap.add_argument(
+        "--x",
+        metavar="PARAM",
+        help="draw the acceptance figures against this numeric param (e.g. train.samples) "
+        "and against each experiment's CPU-hours, instead of one bar per experiment",
+    )
     args = ap.parse_args(argv)
-    from eagle3_pipeline.tools.experiments.render import render_png, render_table
+    from eagle3_pipeline.tools.experiments.render import render_png, render_scaling, render_table
 
     if args.from_json:
         shown = json.loads(args.from_json.read_text(encoding="utf-8"))
@@ -164,11 +200,25 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+    if args.x:
+        rows = along(rows, args.x)
+        if not rows:
+            print(
+                f"error: compare: no validated experiment has a numeric {args.x} (run a sweep: "
+                f"dvc exp run --queue -S {args.x}=64,250,1000, then dvc queue start)",
+                file=sys.stderr,
+            )
+            return 1
+        add_cost(rows, args.repo)
     params = changed_params(rows)
     # a figure no experiment has (best K without validate.k_sweep) is not a column
-    columns = [c for c, _, _ in FIGURES if any(r.figures.get(c) is not None for r in rows)]
+    names = [c for c, _, _ in FIGURES] + (list(COST_FIGURES) if args.x else [])
+    columns = [c for c in names if any(r.figures.get(c) is not None for r in rows)]
     print(render_table(rows, params, columns))
-    render_png(rows, params, columns, args.out)
+    if args.x:
+        render_scaling(rows, args.x, params, args.out)
+    else:
+        render_png(rows, params, columns, args.out)
     print(f"wrote {args.out}")
     return 0
 
