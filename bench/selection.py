@@ -13,12 +13,16 @@ ranks by) and vLLM's acceptance length pooled and per prompt set. Below it: Kend
 tau between each training-time measure and vLLM's pooled acceptance, which epoch each
 would choose, and what the choice costs against vLLM's best epoch.
 
+``--kept`` serves the epochs the work directory's own train stage kept instead (a run with
+``train.keep_epoch_drafts=true``: its ``train.json`` and ``<train_state>/epochs/``), so a
+long run's choice is measured without training it again.
+
 Everything is written under ``--out`` (the retrained drafts, vLLM's logs,
 ``selection.json``); ``--resume`` keeps the epochs ``selection.json`` already holds when
 the work directory and settings are unchanged.
 
     python bench/selection.py [--workdir .] [--out bench_out/selection]
-                              [--set train.epochs=8 ...] [--max-tokens N] [--resume]
+                              [--set train.epochs=8 ... | --kept] [--max-tokens N] [--resume]
 """
 
 from __future__ import annotations
@@ -68,18 +72,32 @@ def main() -> None:
         "--max-tokens", type=int, default=None, help="per prompt (validate.max_new_tokens)"
     )
     ap.add_argument("--resume", action="store_true", help="keep the epochs already served")
+    ap.add_argument(
+        "--kept",
+        action="store_true",
+        help="serve the epochs the work directory's train stage kept "
+        "(train.keep_epoch_drafts=true) instead of training again",
+    )
     args = ap.parse_args()
+    if args.kept and args.sets:
+        ap.error("--kept serves the run as it was trained: no --set")
 
     from eagle3_pipeline.core.config import load_params
     from eagle3_pipeline.targets.adapter import load_target_spec
     from eagle3_pipeline.train.record import TrainRecord
+    from eagle3_pipeline.train.state import EPOCH_DRAFTS
 
     work = args.workdir.resolve()
     out = args.out if args.out.is_absolute() else work / args.out
     out.mkdir(parents=True, exist_ok=True)
     cfg = load_params(work / "params.yaml")
     spec = load_target_spec(work / cfg.paths.target / "target.json")
-    key = {"workdir": str(work), "sets": args.sets, "max_tokens": args.max_tokens}
+    key = {
+        "workdir": str(work),
+        "sets": args.sets,
+        "max_tokens": args.max_tokens,
+        "kept": args.kept,
+    }
     path = out / "selection.json"
     results: dict[str, Any] = {"key": key, "epochs": {}}
     if args.resume and path.is_file():
@@ -88,9 +106,18 @@ def main() -> None:
             results = old
             print(f"resuming: epochs {', '.join(results['epochs']) or 'none'} served", flush=True)
 
-    details = out / "train" / "details" / "train.json"
-    if not (results["epochs"] and details.is_file()):
-        train_variant(work, out / "train", ["train.keep_epoch_drafts=true", *args.sets])
+    if args.kept:
+        details = work / cfg.paths.details / "train.json"
+        epochs = work / cfg.paths.train_state / EPOCH_DRAFTS
+        if not epochs.is_dir():
+            raise SystemExit(
+                f"error: {epochs}: no kept epochs (train with -S train.keep_epoch_drafts=true)"
+            )
+    else:
+        details = out / "train" / "details" / "train.json"
+        epochs = out / "train" / "state" / EPOCH_DRAFTS
+        if not (results["epochs"] and details.is_file()):
+            train_variant(work, out / "train", ["train.keep_epoch_drafts=true", *args.sets])
     record = TrainRecord.read(details)
     if record.checkpoint is None:
         raise SystemExit(f"error: {details}: no checkpoint choice recorded")
@@ -100,7 +127,7 @@ def main() -> None:
         name = str(cand.epoch)
         if name in results["epochs"]:
             continue
-        draft = out / "train" / "state" / "epochs" / f"epoch_{cand.epoch:03d}"
+        draft = epochs / f"epoch_{cand.epoch:03d}"
         print(f"epoch {cand.epoch}: serving {draft} in vLLM", flush=True)
         served = serve(
             cfg, spec, work, draft, f"selection_e{cand.epoch}", prompts, "float32", args.max_tokens
