@@ -92,4 +92,5 @@ def test_the_cores_are_the_process_affinity_not_the_machine_count() -> None:
     assert read_cpu(EPYC_ZEN4_INFO, TORCH_AVX512_BF16, cores=2).cores == 2
     assert read_cpu(EPYC_ZEN4_INFO, TORCH_AVX512_BF16).cores is None  # not read: not guessed
     assert usable_cores() == read_this_cpu().cores
-    assert usable_cores() is not None and usable_cores() >= 1
+    cores = usable_cores()
+    assert cores is not None and cores >= 1

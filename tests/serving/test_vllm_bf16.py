@@ -59,6 +59,8 @@ def bf16_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 "validate.max_new_tokens=8",
                 "validate.temperature=null",
                 "validate.concurrency=[1,2]",
+                # the proof's two prompts in flight together: its counters still equal ours
+                "validate.counting_concurrency=2",
             ]
         )
     finally:
@@ -74,6 +76,9 @@ def test_the_proof_stays_float32_and_every_speed_figure_comes_from_bf16_engines(
     assert m["dtype"] == v["dtype"] == "float32"
     assert m["vllm_acceptance_length"] == pytest.approx(m["vllm_style_acceptance_length"])
     assert v["num_drafts"] == m["verification_steps"] and m["vllm_lossless"] is True
+    # ... with both prompts in flight (validate.counting_concurrency), per label still
+    assert v["proof_concurrency"] == 2 and v["speed_prompts"] == 2
+    assert m["sets"]["heldout"]["vllm"]["num_drafts"] == v["num_drafts"]
     # the speed: the target's precision, and why
     assert v["serving_dtype"] == "bfloat16"
     assert v["serving_dtype_why"] == "model.dtype=bfloat16 (set)"

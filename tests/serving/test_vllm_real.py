@@ -151,8 +151,15 @@ def test_served_and_offline_validation_give_the_same_counters(validate_workdir):
     python = find_python()
     # labels (a prompt set / category / turn per prompt): counters per label, both ways
     labels = ["a", "b", "a"][: len(prompts)]
-    # passes on the same engines: sampled at T=0.7 (seeded, per label), then 2 in flight
-    passes = [Pass("sampled", 0.7, 7, labels=True), Pass("c2", concurrency=2)]
+    # passes on the same engines: sampled at T=0.7 (seeded, per label), then 2 in flight,
+    # then 2 in flight one label at a time (validate.counting_concurrency), then a subset
+    # in the order given (validate.speed_prompts)
+    passes = [
+        Pass("sampled", 0.7, 7, labels=True),
+        Pass("c2", concurrency=2),
+        Pass("c2_labels", concurrency=2, labels=True),
+        Pass("subset", subset=(2, 0)),
+    ]
     offline = run_offline(
         python, engine, prompts, 12, stops, wd / "logs/offline.log", labels=labels, passes=passes
     )
@@ -194,6 +201,19 @@ def test_served_and_offline_validation_give_the_same_counters(validate_workdir):
         assert both["counters"]["drafts"] > 0 and both["tokens_per_s"] > 0
     # the same seeds give the same samples, whichever way the engine is run
     assert offline["passes"]["sampled"]["outputs"] == served["passes"]["sampled"]["outputs"]
+    for run in (offline, served):
+        per_label = run["passes"]["c2_labels"]
+        # in flight one label at a time: vLLM's counters per label, summing to the pass's
+        assert sorted(per_label["group_counters"]) == sorted(set(labels))
+        assert (
+            sum(g["drafts"] for g in per_label["group_counters"].values())
+            == per_label["counters"]["drafts"]
+            > 0
+        )
+        assert [len(o) > 0 for o in per_label["outputs"]] == [True] * len(prompts)
+        # a subset: those prompts, in that order, as the single stream decoded them
+        assert len(prompts) >= 3
+        assert run["passes"]["subset"]["outputs"] == [run["outputs"][2], run["outputs"][0]]
 
 
 def test_a_vllm_that_cannot_start_says_why_in_one_line(validate_workdir, tmp_path):

@@ -128,15 +128,27 @@ class FakeVllm:
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, str, int | None, list[str]]] = []
+        # per engine: its main pass's (concurrency, subset), and each pass's
+        # (name, concurrency, subset, labels)
+        self.shapes: list[tuple[Any, ...]] = []
 
     def __call__(self, python, engine, prompts, max_tokens, stops, log_path, **kw) -> dict:
         spec = engine.speculative_config
         k = spec.num_speculative_tokens if spec else None
         passes = list(kw.get("passes") or ())
         self.calls.append((log_path.name, engine.dtype, k, [p.name for p in passes]))
+        self.shapes.append(
+            (
+                log_path.name[14:-4],
+                kw.get("concurrency", 1),
+                kw.get("subset"),
+                [(p.name, p.concurrency, p.subset, p.labels) for p in passes],
+            )
+        )
 
-        def one(tps: float) -> dict[str, Any]:
-            outputs = [[1, 2, 3] for _ in prompts]
+        def one(tps: float, subset: Any = None) -> dict[str, Any]:
+            n = len(prompts) if subset is None else len(subset)
+            outputs = [[1, 2, 3] for _ in range(n)]
             counters = {}
             if spec:
                 counters = _counters(10, 6 if engine.dtype == "float32" else 4)
@@ -145,20 +157,25 @@ class FakeVllm:
             return {
                 "outputs": outputs,
                 "counters": counters,
-                "generated_tokens": 3 * len(prompts),
+                "generated_tokens": 3 * n,
                 "tokens_per_s": tps,
-                "wall_s": 3 * len(prompts) / tps,
+                "wall_s": 3 * n / tps,
                 "group_counters": {lab: counters for lab in kw.get("labels") or []},
             }
 
         tps = self.TPS[(engine.dtype, spec is not None)]
-        run = {**one(tps), "load_s": 1.0}
+        run = {**one(tps, kw.get("subset")), "load_s": 1.0}
         if passes:
-            run["passes"] = {p.name: one(tps * p.concurrency) for p in passes}
+            run["passes"] = {p.name: one(tps * p.concurrency, p.subset) for p in passes}
         return run
 
 
 def _measure(tmp_path: Path, monkeypatch, chosen: Precision, *overrides: str):
+    fake, figures, groups = _measure_fake(tmp_path, monkeypatch, chosen, *overrides)
+    return fake.calls, figures, groups
+
+
+def _measure_fake(tmp_path: Path, monkeypatch, chosen: Precision, *overrides: str):
     from eagle3_pipeline.serving import env, offline
     from eagle3_pipeline.validate import run
     from eagle3_pipeline.validate.acceptance import pool
@@ -194,7 +211,57 @@ def _measure(tmp_path: Path, monkeypatch, chosen: Precision, *overrides: str):
     ours = pool([], 2, 8)
     dtype = cfg.runtime()[1]
     figures, groups = run.measure_vllm(cfg, spec, tmp_path / "draft", prompts, 2, dtype, ours)
-    return fake.calls, figures, groups
+    return fake, figures, groups
+
+
+def test_counting_passes_run_in_flight_per_label_and_speed_over_a_subset(tmp_path, monkeypatch):
+    """validate.counting_concurrency: the float32 proof (engines of its own) and the
+    sampled pass run 8 requests in flight, counters per label; validate.speed_prompts=2:
+    the serving pair's single stream and levels decode 2 of the 3 prompts, evenly spaced."""
+    fake, v, groups = _measure_fake(
+        tmp_path,
+        monkeypatch,
+        BF16,
+        "validate.counting_concurrency=8",
+        "validate.speed_prompts=2",
+    )
+    assert fake.shapes == [
+        ("with_draft", 8, None, []),
+        ("without_draft", 8, None, []),
+        ("serving_with_draft", 1, (0, 1), [("sampled", 8, None, True), ("c2", 2, (0, 1), False)]),
+        ("serving_without_draft", 1, (0, 1), [("c2", 2, (0, 1), False)]),
+    ]
+    assert (v.proof_concurrency, v.speed_prompts, v.prompts) == (8, 2, 3)
+    assert v.sampled is not None and v.sampled.concurrency == 8
+    assert v.lossless_prompts == 3 and groups  # the proof still covers every prompt
+    g = v.serving_greedy  # over the subset: its first prompt is the one the fake changes
+    assert g is not None and (g.lossless_prompts, g.generated_tokens) == (1, 6)
+    assert v.speedup == pytest.approx(1.5)
+
+
+def test_one_pair_over_a_subset_times_a_single_stream_pass_of_its_own(tmp_path, monkeypatch):
+    """Where one pair gives proof and speed, the main pass stays the proof over every
+    prompt, one at a time; the single-stream speed is a pass over the subset."""
+    chosen = Precision("float32", "a real target on a CPU without native bf16")
+    fake, v, _ = _measure_fake(
+        tmp_path,
+        monkeypatch,
+        chosen,
+        "validate.counting_concurrency=4",
+        "validate.speed_prompts=2",
+    )
+    assert fake.shapes == [
+        (
+            "with_draft",
+            1,
+            None,
+            [("c1", 1, (0, 1), False), ("sampled", 4, None, True), ("c2", 2, (0, 1), False)],
+        ),
+        ("without_draft", 1, None, [("c1", 1, (0, 1), False), ("c2", 2, (0, 1), False)]),
+    ]
+    assert (v.proof_concurrency, v.speed_prompts) == (1, 2)
+    assert v.speedup == pytest.approx(1.2) and v.engine_load_s.with_draft == 1.0
+    assert v.concurrency is not None and v.concurrency.levels[0].generated_tokens == 6
 
 
 def test_the_proof_pair_runs_the_greedy_stream_and_the_serving_pair_every_speed_figure(

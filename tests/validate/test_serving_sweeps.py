@@ -50,9 +50,26 @@ def test_the_draft_engine_samples_per_label_then_runs_each_level():
     assert [p.name for p in draft_passes(None, 5, [4])] == ["c4"]
 
 
-def test_per_label_counters_need_one_request_at_a_time():
-    with pytest.raises(ValueError, match="per-label counters need concurrency 1"):
-        Pass("x", concurrency=4, labels=True).to_job()
+def test_a_pass_names_its_concurrency_labels_and_subset_to_the_worker():
+    job = Pass("x", concurrency=4, labels=True, subset=(0, 2)).to_job()
+    assert (job["concurrency"], job["labels"], job["subset"]) == (4, True, [0, 2])
+    assert "subset" not in Pass("y").to_job()  # every prompt
+
+
+@pytest.mark.parametrize(
+    ("prompts", "wanted", "subset"),
+    [
+        (10, None, None),
+        (10, 10, None),
+        (10, 40, None),
+        (10, 4, (0, 2, 5, 7)),  # evenly spaced: every set and turn in proportion
+        (3, 1, (0,)),
+    ],
+)
+def test_the_speed_subset_is_evenly_spaced_through_the_prompts(prompts, wanted, subset):
+    from eagle3_pipeline.validate.sweeps import speed_subset
+
+    assert speed_subset(prompts, wanted) == subset
 
 
 @pytest.mark.parametrize(
@@ -135,3 +152,15 @@ def test_the_report_states_temperature_k_and_concurrency_and_draws_the_plot():
     assert "stops paying at concurrency **4**" in text
     assert "Not measured: [16]" in text
     assert concurrency_png(conc, "t")[:4] == b"\x89PNG"
+    assert "K=1, one request at a time" in text
+    # a sampled pass run with requests in flight says so (validate.counting_concurrency)
+    v.sampled = sampled_figures(run, 0.7, 0, [prompt], concurrency=8)
+    assert "K=1, 8 requests in flight, one set at a time" in "\n".join(serving_lines(v, 1, 64))
+
+
+def test_the_per_set_table_says_how_many_requests_the_proof_had_in_flight():
+    from eagle3_pipeline.validate.report import sets_lines
+
+    assert "one request at a time (concurrency 1)" in sets_lines({}, 3, 128)[0]
+    eight = sets_lines({}, 3, 128, proof_concurrency=8)[0]
+    assert "ours one request at a time, vLLM 8 requests in flight" in eight

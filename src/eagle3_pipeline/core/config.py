@@ -701,6 +701,23 @@ class ValidateConfig:
     concurrency: list[int] = setting(
         doc="vLLM: requests in flight at which the speedup is measured", factory=lambda: [1, 4, 16]
     )
+    # vLLM only: requests in flight in the passes that only count acceptance (the
+    # float32 proof where its engines are not the speed's, and the sampled pass); one
+    # prompt set / category / turn at a time, so vLLM's counters are still read per label.
+    # 1: one request at a time. Above 1 the full protocols (324 prompts) fit a CPU's hours:
+    # batched float arithmetic may flip a near-tie, which the record's agreement and
+    # losslessness figures then show.
+    counting_concurrency: int = setting(
+        1, "vLLM: requests in flight in the passes that only count acceptance", ge=1
+    )
+    # vLLM only: the speed figures over N of the prompts decoded, evenly spaced through
+    # them (every set and turn in proportion); null: all. It applies to the concurrency
+    # levels, and to the single stream where the speed has engines of its own
+    # (validate/engines.py); the proof, the sampled pass and a single stream that is also
+    # the proof decode every prompt.
+    speed_prompts: int | None = setting(
+        None, "vLLM: the speed figures over this many of the prompts (null: all)", ge=1
+    )
     device: Device | None = setting(None, "decode on this device (null: hardware.device)")
     dtype: Dtype | None = setting(
         None,

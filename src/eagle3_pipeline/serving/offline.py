@@ -29,18 +29,24 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Pass:
     """A further decoding of the same prompts on an engine already loaded: sampled at
-    ``temperature`` (seeded per prompt), or with ``concurrency`` requests in flight."""
+    ``temperature`` (seeded per prompt), with ``concurrency`` requests in flight, over the
+    prompts ``subset`` lists (indices; None: all)."""
 
     name: str
     temperature: float = 0.0
     seed: int | None = None
     concurrency: int = 1
-    labels: bool = False  # counters per label (one request at a time only)
+    # counters per label: with concurrency > 1 one label's prompts run at a time
+    labels: bool = False
+    subset: tuple[int, ...] | None = None
 
     def to_job(self) -> dict[str, Any]:
-        if self.labels and self.concurrency != 1:
-            raise ValueError(f"pass {self.name}: per-label counters need concurrency 1")
-        return asdict(self)
+        job = asdict(self)
+        if self.subset is None:
+            del job["subset"]
+        else:
+            job["subset"] = list(self.subset)
+        return job
 
 
 class VllmRunError(RuntimeError):
@@ -59,8 +65,11 @@ def run_offline(
     temperature: float = 0.0,
     seed: int | None = None,
     passes: Sequence[Pass] = (),
+    concurrency: int = 1,
+    subset: Sequence[int] | None = None,
 ) -> dict[str, Any]:
-    """One prompt at a time, greedy unless ``temperature`` > 0 (then sampled; with ``seed``,
+    """One prompt at a time (or ``concurrency`` in flight; over the prompts ``subset``
+    lists, all when None), greedy unless ``temperature`` > 0 (then sampled; with ``seed``,
     prompt i with seed + i, so a run repeats); returns the worker's result (outputs,
     counters, tokens/s, ``vllm_patches``; with ``labels``, one per prompt, the counters
     summed per label too) plus ``run_s``, the whole process's wall time. Each of
@@ -76,6 +85,10 @@ def run_offline(
     }
     if seed is not None:
         job["seed"] = int(seed)
+    if concurrency != 1:
+        job["concurrency"] = int(concurrency)
+    if subset is not None:
+        job["subset"] = [int(i) for i in subset]
     if labels is not None:
         job["labels"] = list(labels)
     if passes:

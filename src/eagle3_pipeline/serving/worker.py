@@ -19,9 +19,12 @@ holds each prompt's output token ids, the wall time, and the difference of vLLM'
 after every prompt and summed per label (``group_counters``), so each prompt set and
 category gets vLLM's own figures from one engine. ``passes`` (optional) decode the same
 prompts again on the same engine (an engine load costs more than a pass on a CPU), each
-``{"name", "temperature", "seed", "concurrency", "labels": bool}``: sampled passes one
-prompt at a time, and passes with ``concurrency`` requests in flight; each comes back
-under ``passes[name]`` with its own outputs, tokens/s and counters. ``vllm_patches`` lists the patches our
+``{"name", "temperature", "seed", "concurrency", "labels": bool, "subset"}``: one prompt
+at a time or ``concurrency`` requests in flight (with ``labels``, one label's prompts at a
+time, the counters read between labels), over the prompts ``subset`` lists (all when
+absent); each comes back under ``passes[name]`` with its own outputs, tokens/s and
+counters. The main pass takes ``concurrency`` and ``subset`` from the job the same way
+(default: every prompt, one at a time). ``vllm_patches`` lists the patches our
 vLLM plugins applied (:mod:`eagle3_pipeline.compat.vllm_expand`), as this process recorded
 them when ``LLM`` loaded the plugins.
 """
@@ -110,11 +113,46 @@ def one_at_a_time(
     )
 
 
-def in_flight(llm: Any, prompts: list[Any], params: list[Any], concurrency: int) -> dict[str, Any]:
+def in_flight(
+    llm: Any,
+    prompts: list[Any],
+    params: list[Any],
+    concurrency: int,
+    labels: list[str] | None = None,
+) -> dict[str, Any]:
     """``concurrency`` requests in flight until the prompts run out: a new one is added as
     soon as one finishes, as a server under that many concurrent users sees them (what
     ``vllm bench serve --max-concurrency`` measures). The engine's own step loop
-    (``LLMEngine.add_request``/``step``), so no HTTP cost is timed."""
+    (``LLMEngine.add_request``/``step``), so no HTTP cost is timed. With ``labels`` the
+    prompts of one label run together (at most ``concurrency`` of them in flight) and the
+    counters are read between labels (``group_counters``), as the served path does: vLLM's
+    counters are the engine's, so a label's share is only known when it runs alone."""
+    if labels is None:
+        return _in_flight(llm, prompts, params, concurrency)
+    order: dict[str, list[int]] = {}
+    for i, label in enumerate(labels):
+        order.setdefault(label, []).append(i)
+    outputs: list[list[int]] = [[] for _ in prompts]
+    groups: dict[str, dict[str, Any]] = {}
+    before = counters(llm.get_metrics())
+    wall = 0.0
+    for label, idx in order.items():
+        run = _in_flight(llm, [prompts[i] for i in idx], [params[i] for i in idx], concurrency)
+        for i, out in zip(idx, run["outputs"], strict=True):
+            outputs[i] = out
+        groups[label] = run["counters"]
+        wall += run["wall_s"]
+    return generation_run(
+        outputs,
+        wall,
+        counters(llm.get_metrics()),
+        before,
+        concurrency=concurrency,
+        group_counters=groups,
+    )
+
+
+def _in_flight(llm: Any, prompts: list[Any], params: list[Any], concurrency: int) -> dict[str, Any]:
     engine = llm.llm_engine
     tag = f"c{concurrency}-{time.monotonic_ns()}-"
     outputs: list[list[int] | None] = [None] * len(prompts)
@@ -139,6 +177,27 @@ def in_flight(llm: Any, prompts: list[Any], params: list[Any], concurrency: int)
     return generation_run(done, wall, counters(llm.get_metrics()), before, concurrency=concurrency)
 
 
+def decode(
+    llm: Any,
+    prompts: list[Any],
+    params: list[Any],
+    spec: dict[str, Any],
+    labels: list[str] | None,
+) -> dict[str, Any]:
+    """One pass as ``spec`` asks: over ``spec["subset"]`` (prompt indices; all when absent),
+    one request at a time or ``spec["concurrency"]`` in flight, counters per label with
+    ``labels``. A subset's outputs come back in the subset's order."""
+    subset = spec.get("subset")
+    if subset is not None:
+        prompts = [prompts[i] for i in subset]
+        params = [params[i] for i in subset]
+        labels = None if labels is None else [labels[i] for i in subset]
+    c = int(spec.get("concurrency", 1))
+    if c == 1:
+        return one_at_a_time(llm, prompts, params, labels)
+    return in_flight(llm, prompts, params, c, labels)
+
+
 def run(job: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     from vllm import LLM, SamplingParams
@@ -155,17 +214,13 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
             use_tqdm=False,
         )
     labels: list[str] | None = job.get("labels")
-    result = one_at_a_time(llm, prompts, sampling(job, job, len(prompts)), labels)
+    result = decode(llm, prompts, sampling(job, job, len(prompts)), job, labels)
     passes: dict[str, Any] = {}
     for spec in job.get("passes", []):  # the same engine: no second load
         params = sampling(job, spec, len(prompts))
-        c = int(spec.get("concurrency", 1))
-        if c == 1:
-            passes[spec["name"]] = one_at_a_time(
-                llm, prompts, params, labels if spec.get("labels") else None
-            )
-        else:
-            passes[spec["name"]] = in_flight(llm, prompts, params, c)
+        passes[spec["name"]] = decode(
+            llm, prompts, params, spec, labels if spec.get("labels") else None
+        )
     return {
         **result,
         "import_s": import_s,

@@ -22,6 +22,12 @@ they differ, the proof pair decodes the greedy single stream alone (counters,
 losslessness, the per-set figures) and a serving pair of its own decodes every pass a
 speed figure comes from.
 
+What makes the full protocols (all of MT-Bench's 160 turns and HumanEval's 164 problems)
+affordable on a CPU: a pass that only counts acceptance (the proof where it has engines of
+its own, the sampled pass) may run ``validate.counting_concurrency`` requests in flight,
+one label (prompt set, category, turn) at a time so the counters stay per label; and the
+speed figures may be measured over ``validate.speed_prompts`` of the prompts.
+
 The sampled pass (``validate.temperature``) runs on the engine that gives the speed: it is
 a figure of serving conditions with nothing of ours beside it (sampled decoding cannot be
 replayed outside vLLM token for token), so nothing exact is lost by leaving float32; the
@@ -34,6 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from eagle3_pipeline.runtime.precision import Precision
 from eagle3_pipeline.serving.offline import Pass
@@ -52,7 +59,11 @@ class EnginePlan:
     precision: Precision  # the engine's dtype and why
     proof: bool  # its greedy single stream gives the proof (counters, losslessness, sets)
     speed: bool  # its runs give the speed figures (tokens/s, concurrency, K sweep, sampled)
-    passes: tuple[Pass, ...]  # decoded after the greedy single stream, in order
+    passes: tuple[Pass, ...]  # decoded after the greedy main pass, in order
+    # the greedy main pass: requests in flight (above 1 only where it is a proof alone)
+    # and the prompts it decodes (None: all; a subset only where it is a speed alone)
+    concurrency: int = 1
+    subset: tuple[int, ...] | None = None
 
     @property
     def dtype(self) -> str:
@@ -65,29 +76,62 @@ def split(proof: Precision, serving: Precision) -> bool:
     return proof.dtype != serving.dtype
 
 
+SINGLE = "c1"  # the single-stream speed pass where the main pass is the proof's, over all
+
+
 def plan_engines(
     proof: Precision,
     serving: Precision,
     temperature: float | None,
     seed: int,
     levels: Sequence[int],
+    counting: int = 1,
+    subset: tuple[int, ...] | None = None,
 ) -> list[EnginePlan]:
     """The engines in the order they run: with the draft, then the target alone; the
     serving pair after the proof pair where :func:`split`. ``levels``: the concurrency
-    levels above 1 measured (:func:`~eagle3_pipeline.validate.sweeps.concurrency_plan`)."""
-    with_passes = tuple(draft_passes(temperature, seed, levels))
-    alone_passes = tuple(baseline_passes(levels))
-    if not split(proof, serving):  # one pair: proof and speed alike, as before
+    levels above 1 measured (:func:`~eagle3_pipeline.validate.sweeps.concurrency_plan`);
+    ``counting``: requests in flight where a pass only counts acceptance
+    (``validate.counting_concurrency``); ``subset``: the prompts the speed figures are
+    measured over (``validate.speed_prompts``; None: all)."""
+    with_passes = draft_passes(temperature, seed, levels, counting, subset)
+    alone_passes = baseline_passes(levels, subset)
+    if not split(proof, serving):  # one pair: the main pass is the proof and, over all
+        # prompts, the single stream; over a subset the single stream is a pass of its own
+        single = [] if subset is None else [Pass(SINGLE, subset=subset)]
         return [
-            EnginePlan("with_draft", True, proof, True, True, with_passes),
-            EnginePlan("without_draft", False, proof, True, True, alone_passes),
+            EnginePlan("with_draft", True, proof, True, True, (*single, *with_passes)),
+            EnginePlan("without_draft", False, proof, True, True, (*single, *alone_passes)),
         ]
     return [
-        EnginePlan("with_draft", True, proof, True, False, ()),
-        EnginePlan("without_draft", False, proof, True, False, ()),
-        EnginePlan(f"{SERVING_PREFIX}with_draft", True, serving, False, True, with_passes),
-        EnginePlan(f"{SERVING_PREFIX}without_draft", False, serving, False, True, alone_passes),
+        EnginePlan("with_draft", True, proof, True, False, (), concurrency=counting),
+        EnginePlan("without_draft", False, proof, True, False, (), concurrency=counting),
+        EnginePlan(
+            f"{SERVING_PREFIX}with_draft",
+            True,
+            serving,
+            False,
+            True,
+            tuple(with_passes),
+            subset=subset,
+        ),
+        EnginePlan(
+            f"{SERVING_PREFIX}without_draft",
+            False,
+            serving,
+            False,
+            True,
+            tuple(alone_passes),
+            subset=subset,
+        ),
     ]
+
+
+def single_stream(plan: EnginePlan, run: dict[str, Any]) -> dict[str, Any]:
+    """The run of ``plan``'s engine that gives its single-stream speed: its main pass, or
+    the :data:`SINGLE` pass where the main pass is the proof's over every prompt."""
+    passes = run.get("passes") or {}
+    return passes[SINGLE] if any(p.name == SINGLE for p in plan.passes) else run
 
 
 def pair(plans: Sequence[EnginePlan], speed: bool) -> tuple[EnginePlan, EnginePlan]:

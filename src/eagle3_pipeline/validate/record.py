@@ -87,6 +87,8 @@ class SampledFigures(VllmAcceptance):
     sets: dict[str, VllmAcceptance]  # per prompt set
     generated_tokens: int  # tokens generated in the sampled pass
     tokens_per_s: float | None  # its output tokens/s
+    # requests in flight, one label's prompts at a time (validate.counting_concurrency)
+    concurrency: int | None = optional()
 
 
 @dataclass
@@ -182,6 +184,10 @@ class VllmFigures(VllmAcceptance):
     best_k: int | None = optional()  # the K with the best single-stream speedup
     best_k_speedup: float | None = optional()  # and that speedup
     mode: str | None = optional()  # offline (vllm.LLM) or serve (vllm serve)
+    # requests in flight in the proof's pass, one label at a time (1: a single stream)
+    proof_concurrency: int | None = optional()
+    # prompts the speed figures are measured over (validate.speed_prompts; all: prompts)
+    speed_prompts: int | None = optional()
     dtype: str | None = optional()  # the proof engines' dtype (counters, losslessness, sets)
     # The precision every speed figure was measured in (single-stream tokens/s and speedup,
     # concurrency, k_sweep, sampled): the target's, as a user serves it -- dtype itself

@@ -108,11 +108,20 @@ def _set_row(label: str, f: SetFigures | SliceFigures) -> str:
     )
 
 
-def sets_lines(sets: dict[str, SetFigures], k: int, max_new_tokens: int) -> list[str]:
+def sets_lines(
+    sets: dict[str, SetFigures], k: int, max_new_tokens: int, proof_concurrency: int | None = 1
+) -> list[str]:
     """The per-set table (and MT-Bench's per-turn and per-category rows)."""
+    c = proof_concurrency or 1
+    how = (
+        "one request at a time (concurrency 1)"
+        if c == 1
+        else f"ours one request at a time, vLLM {c} requests in flight, one prompt set, "
+        "category and turn at a time (validate.counting_concurrency)"
+    )
     lines = [
-        f"Every figure at K={k}, temperature 0 (greedy), one request at a time (concurrency "
-        f"1), at most {max_new_tokens} new tokens per prompt. vLLM: 1 + accepted/drafts "
+        f"Every figure at K={k}, temperature 0 (greedy), {how}, at most {max_new_tokens} new "
+        "tokens per prompt. vLLM: 1 + accepted/drafts "
         "from its spec-decode counters; ours: the same definition from our decoder, and "
         "tokens per verification step (end effects included).",
         "",
@@ -211,7 +220,12 @@ def markdown_report(record: ValidateRecord, facts: ReportFacts) -> str:
         lines[lines.index("## Acceptance length") : lines.index("## Acceptance length")] = [
             "## Acceptance length per prompt set",
             "",
-            *sets_lines(record.sets, record.k, record.max_new_tokens),
+            *sets_lines(
+                record.sets,
+                record.k,
+                record.max_new_tokens,
+                record.vllm.proof_concurrency if record.vllm else 1,
+            ),
             "",
         ]
     v = record.vllm
@@ -236,11 +250,15 @@ def _vllm_lines(v: VllmFigures) -> list[str]:
         f"{_fmt(v.ours_acceptance_length)} (per position {v.ours_accepted_per_pos}).",
         f"- Lossless in vLLM (greedy with the draft == greedy without it): "
         f"**{_fmt(v.lossless)}** ({v.lossless_prompts}/{v.prompts} prompts"
-        + (f", {v.dtype})." if g else ")."),
+        + (f", {v.dtype}" if g else "")
+        + (
+            f", {v.proof_concurrency} requests in flight)."
+            if (v.proof_concurrency or 1) > 1
+            else ")."
+        ),
         f"- Single-stream generation: {_fmt(v.tokens_per_s_without_draft, 1)} tokens/s "
         f"without the draft, {_fmt(v.tokens_per_s_with_draft, 1)} with it: "
-        f"**{_fmt(v.speedup, 2)}x** ({g.generated_tokens if g else v.generated_tokens} "
-        f"tokens, {v.mode} mode, {v.speed_dtype()}).",
+        f"**{_fmt(v.speedup, 2)}x** ({_speed_prompts(v)}{v.mode} mode, {v.speed_dtype()}).",
         *precision_lines(v),
         "",
         (
@@ -255,6 +273,15 @@ def _vllm_lines(v: VllmFigures) -> list[str]:
         "```",
     ]
     return lines
+
+
+def _speed_prompts(v: VllmFigures) -> str:
+    """What the single-stream figures were measured over: the prompts where a subset."""
+    g = v.serving_greedy
+    tokens = g.generated_tokens if g else v.generated_tokens
+    if v.speed_prompts is not None and v.speed_prompts != v.prompts:
+        return f"{v.speed_prompts} of the {v.prompts} prompts (validate.speed_prompts), "
+    return f"{tokens} tokens, "
 
 
 def precision_lines(v: VllmFigures) -> list[str]:
@@ -272,7 +299,8 @@ def precision_lines(v: VllmFigures) -> list[str]:
         "as a user serves the target, on engines of its own. There vLLM's greedy acceptance "
         f"length is {_fmt(g.mean_acceptance_length)} ({g.num_accepted_tokens} accepted / "
         f"{g.num_drafts} drafts) and its output with the draft equals its output without on "
-        f"{g.lossless_prompts}/{v.prompts} prompts (reported, not judged: rounding may flip "
+        f"{g.lossless_prompts}/{v.speed_prompts or v.prompts} prompts (reported, not judged: "
+        "rounding may flip "
         "a near-tie).",
     ]
 

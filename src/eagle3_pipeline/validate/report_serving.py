@@ -28,12 +28,18 @@ def in_dtype(dtype: str | None) -> str:
     return f", in {dtype}" if dtype else ""
 
 
+def _in_flight(concurrency: int | None) -> str:
+    """How many requests a counting pass had in flight (a record without it: one)."""
+    c = concurrency or 1
+    return "one request at a time" if c == 1 else f"{c} requests in flight, one set at a time"
+
+
 def sampled_lines(
     s: SampledFigures, k: int, max_new_tokens: int, dtype: str | None = None
 ) -> list[str]:
     lines = [
         f"Acceptance length at temperature {s.temperature} (seed {s.seed}: prompt i "
-        f"sampled with seed + i; K={k}, one request at a time, at most {max_new_tokens} new "
+        f"sampled with seed + i; K={k}, {_in_flight(s.concurrency)}, at most {max_new_tokens} new "
         f"tokens{in_dtype(dtype)}): vLLM's rejection sampler decides what is accepted. From "
         "vLLM's counters "
         f"(1 + accepted/drafts): **{fmt(s.mean_acceptance_length)}** pooled "

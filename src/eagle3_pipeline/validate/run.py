@@ -199,13 +199,14 @@ def measure_vllm(
     from eagle3_pipeline.serving.engine import build_engine, log_file
     from eagle3_pipeline.serving.env import VllmEnvError, find_python
     from eagle3_pipeline.serving.offline import VllmRunError, run_offline
-    from eagle3_pipeline.validate.engines import pair, plan_engines
+    from eagle3_pipeline.validate.engines import pair, plan_engines, single_stream
     from eagle3_pipeline.validate.sweeps import (
         SAMPLED,
         concurrency_figures,
         concurrency_plan,
         level_name,
         sampled_figures,
+        speed_subset,
     )
     from eagle3_pipeline.validate.vllm import (
         VllmError,
@@ -218,17 +219,21 @@ def measure_vllm(
     v = cfg.validate
     ids = [p.prompt_ids for p in prompts]
     labels = [p.group for p in prompts]
-    levels, skipped = concurrency_plan(v.concurrency, len(ids))
+    subset = speed_subset(len(ids), v.speed_prompts)
+    timed = len(ids) if subset is None else len(subset)
+    levels, skipped = concurrency_plan(v.concurrency, timed)
     if skipped:
         log.warning(
-            "validate.concurrency: %s skipped: only %d prompts are decoded, fewer than the "
-            "requests that would be in flight (raise validate.num_prompts or add prompt sets)",
+            "validate.concurrency: %s skipped: only %d prompts are timed, fewer than the "
+            "requests that would be in flight (raise validate.num_prompts or "
+            "validate.speed_prompts, or add prompt sets)",
             skipped,
-            len(ids),
+            timed,
         )
     proof = Precision(dtype, cfg.precision()[1].why)
     serving = cfg.serving_precision()
-    plans = plan_engines(proof, serving, v.temperature, cfg.seed, levels)
+    counting = v.counting_concurrency if v.vllm_mode == "offline" else v.server.concurrency
+    plans = plan_engines(proof, serving, v.temperature, cfg.seed, levels, counting, subset)
     proof_d, proof_p = pair(plans, speed=False)
     speed_d, speed_p = pair(plans, speed=True)
     two_pairs = speed_d.name != proof_d.name
@@ -260,7 +265,13 @@ def measure_vllm(
     try:
         python = find_python(cfg.vllm.python)
 
-        def run(name: str, engine: Any, extra: Sequence[Any] = ()) -> dict[str, Any]:
+        def run(
+            name: str,
+            engine: Any,
+            extra: Sequence[Any] = (),
+            concurrency: int = 1,
+            chosen: tuple[int, ...] | None = None,
+        ) -> dict[str, Any]:
             log_path = log_file(cfg, f"validate_{name}")
             if v.vllm_mode == "offline":
                 res = run_offline(
@@ -273,8 +284,10 @@ def measure_vllm(
                     timeout_s=cfg.vllm.startup_timeout_s + 3600 * (1 + len(extra)),
                     labels=labels,
                     passes=extra,
+                    concurrency=concurrency,
+                    subset=chosen,
                 )
-            else:
+            else:  # the served main pass keeps validate.server.concurrency
                 res = run_served(
                     python,
                     engine,
@@ -288,6 +301,7 @@ def measure_vllm(
                     v.server.concurrency,
                     labels=labels,
                     passes=extra,
+                    subset=chosen,
                 )
             log.info(
                 "vLLM %s (%s): %d tokens at %.1f tokens/s (engine ready in %.0f s)",
@@ -309,21 +323,27 @@ def measure_vllm(
             return res
 
         for p in plans:
-            runs[p.name] = run(p.name, engines[p.name], p.passes)
-        with_draft, without_draft = runs[speed_d.name], runs[speed_p.name]
-        out = compare(
-            ours,
-            runs[proof_d.name],
-            runs[proof_p.name],
-            k,
-            (with_draft, without_draft) if two_pairs else None,
-        )
+            runs[p.name] = run(p.name, engines[p.name], p.passes, p.concurrency, p.subset)
+        # the single-stream runs the speed comes from (a pass of their own over
+        # validate.speed_prompts where the main pass is also the proof over every prompt)
+        with_draft = {
+            **single_stream(speed_d, runs[speed_d.name]),
+            "load_s": runs[speed_d.name].get("load_s"),
+        }
+        without_draft = {
+            **single_stream(speed_p, runs[speed_p.name]),
+            "load_s": runs[speed_p.name].get("load_s"),
+        }
+        out = compare(ours, runs[proof_d.name], runs[proof_p.name], k, (with_draft, without_draft))
         if two_pairs:
             out.serving_greedy = serving_greedy(with_draft, without_draft)
         groups: dict[str, dict[str, Any]] = runs[proof_d.name].get("group_counters", {})
-        done_d, done_p = with_draft.get("passes") or {}, without_draft.get("passes") or {}
+        done_d = runs[speed_d.name].get("passes") or {}
+        done_p = runs[speed_p.name].get("passes") or {}
         if v.temperature is not None:
-            out.sampled = sampled_figures(done_d[SAMPLED], v.temperature, cfg.seed, prompts)
+            out.sampled = sampled_figures(
+                done_d[SAMPLED], v.temperature, cfg.seed, prompts, concurrency=counting
+            )
         out.concurrency = concurrency_figures(
             {1: with_draft, **{c: done_d[level_name(c)] for c in levels}},
             {1: without_draft, **{c: done_p[level_name(c)] for c in levels}},
@@ -337,6 +357,7 @@ def measure_vllm(
                     build_engine(
                         cfg, spec, model, "validate", dtype=speed_d.dtype, draft_dir=draft_dir, k=kk
                     ),
+                    chosen=subset,  # the single stream's prompts
                 )
             out.k_sweep, best = k_sweep_figures(sweep, without_draft)
             out.best_k = None if best is None else best.k
@@ -344,6 +365,10 @@ def measure_vllm(
     except (VllmEnvError, VllmRunError, VllmError, OSError) as exc:
         raise StageError(f"vLLM validation failed: {exc}") from None
     out.mode = str(v.vllm_mode)
+    # requests in flight in the proof's pass (the served path runs every pass it starts
+    # at validate.server.concurrency)
+    out.proof_concurrency = proof_d.concurrency if v.vllm_mode == "offline" else counting
+    out.speed_prompts = timed
     out.dtype = dtype
     out.serving_dtype, out.serving_dtype_why = speed_d.dtype, serving.why
     out.commands = {name: portable(e.shell(v.server.port)) for name, e in engines.items()}
@@ -452,13 +477,14 @@ def validate_draft(
     for name, fig in sets.items():
         log.info(
             "prompt set %s (%d questions, %d prompts decoded): acceptance length %s in vLLM, "
-            "%s ours (K=%d, T=0, concurrency 1)",
+            "%s ours (K=%d, T=0, vLLM with %d request(s) in flight)",
             name,
             fig.questions,
             fig.ours.prompts,
             _fmt(fig.vllm.mean_acceptance_length if fig.vllm else None),
             _fmt(fig.ours.vllm_style_acceptance_length),
             k,
+            (vllm.proof_concurrency or 1) if vllm is not None else 1,
         )
     if vllm is not None:
         check_set_agreement(sets, dtype, cfg)
@@ -560,15 +586,17 @@ def log_serving(vllm: VllmFigures, k: int) -> None:
             k,
             _fmt(g.mean_acceptance_length),
             g.lossless_prompts,
-            vllm.prompts,
+            vllm.speed_prompts or vllm.prompts,
         )
     sampled = vllm.sampled
     if sampled:
         log.info(
-            "vLLM at temperature %s (seed %s, K=%d, concurrency 1, %s): acceptance length %s; %s",
+            "vLLM at temperature %s (seed %s, K=%d, %d request(s) in flight, %s): acceptance "
+            "length %s; %s",
             sampled.temperature,
             sampled.seed,
             k,
+            sampled.concurrency or 1,
             dtype,
             _fmt(sampled.mean_acceptance_length),
             ", ".join(f"{n} {_fmt(f.mean_acceptance_length)}" for n, f in sampled.sets.items()),

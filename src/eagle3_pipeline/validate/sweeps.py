@@ -39,21 +39,46 @@ def level_name(c: int) -> str:
     return f"c{c}"
 
 
-def draft_passes(temperature: float | None, seed: int, levels: Sequence[int]) -> list[Pass]:
-    """The passes of the engine with the draft: sampled (per label), then each level."""
-    out = [] if temperature is None else [Pass(SAMPLED, temperature, seed, labels=True)]
-    return out + [Pass(level_name(c), concurrency=c) for c in levels]
+def speed_subset(prompts: int, wanted: int | None) -> tuple[int, ...] | None:
+    """``validate.speed_prompts``: ``wanted`` prompt indices evenly spaced through the
+    ``prompts`` decoded (first turns of each set, then second turns: every set and turn in
+    proportion); None where that is all of them."""
+    if wanted is None or wanted >= prompts:
+        return None
+    return tuple(sorted({(i * prompts) // wanted for i in range(wanted)}))
 
 
-def baseline_passes(levels: Sequence[int]) -> list[Pass]:
-    """The target alone at each level (its single stream is its main run)."""
-    return [Pass(level_name(c), concurrency=c) for c in levels]
+def draft_passes(
+    temperature: float | None,
+    seed: int,
+    levels: Sequence[int],
+    counting: int = 1,
+    subset: tuple[int, ...] | None = None,
+) -> list[Pass]:
+    """The passes of the engine with the draft: sampled (per label, ``counting`` requests
+    in flight), then each level (over ``subset``)."""
+    out = (
+        []
+        if temperature is None
+        else [Pass(SAMPLED, temperature, seed, concurrency=counting, labels=True)]
+    )
+    return out + baseline_passes(levels, subset)
+
+
+def baseline_passes(levels: Sequence[int], subset: tuple[int, ...] | None = None) -> list[Pass]:
+    """The target alone at each level, over ``subset`` (its single stream is its main run)."""
+    return [Pass(level_name(c), concurrency=c, subset=subset) for c in levels]
 
 
 def sampled_figures(
-    run: dict[str, Any], temperature: float, seed: int, prompts: Sequence[EvalPrompt]
+    run: dict[str, Any],
+    temperature: float,
+    seed: int,
+    prompts: Sequence[EvalPrompt],
+    concurrency: int = 1,
 ) -> SampledFigures:
-    """vLLM's acceptance at ``temperature``, pooled and per prompt set."""
+    """vLLM's acceptance at ``temperature``, pooled and per prompt set (the pass ran
+    ``concurrency`` requests in flight, one label at a time)."""
     return SampledFigures(
         **vars(acceptance_figures(run["counters"])),
         temperature=temperature,
@@ -61,6 +86,7 @@ def sampled_figures(
         sets=vllm_by_set(prompts, run.get("group_counters", {})),
         generated_tokens=run["generated_tokens"],
         tokens_per_s=run.get("tokens_per_s"),
+        concurrency=concurrency,
     )
 
 

@@ -119,11 +119,13 @@ def run_served(
     concurrency: int = 1,
     labels: Sequence[str] | None = None,
     passes: Sequence[Pass] = (),
+    subset: Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """The same measurement as :mod:`eagle3_pipeline.serving.worker`, through ``vllm serve``.
     With ``labels`` (one per prompt) the prompts of one label run together, ``concurrency``
     at a time, and ``/metrics`` is read between labels: ``group_counters`` per label.
-    ``passes`` decode the prompts again on the same server (``result["passes"][name]``)."""
+    ``passes`` decode the prompts again on the same server (``result["passes"][name]``).
+    ``subset`` (and a pass's own): the prompt indices decoded, in that order (None: all)."""
     from openai import OpenAI
 
     t0 = time.perf_counter()
@@ -162,24 +164,32 @@ def run_served(
             return [int(t) for t in tokens]
 
         def one_pass(
-            lab: Sequence[str] | None, width: int, temperature: float, seed: int | None
+            lab: Sequence[str] | None,
+            width: int,
+            temperature: float,
+            seed: int | None,
+            chosen: Sequence[int] | None,
         ) -> dict[str, Any]:
+            picked = list(range(len(prompts))) if chosen is None else list(chosen)
             order: dict[str, list[int]] = {}
-            for i, label in enumerate(lab if lab is not None else [""] * len(prompts)):
-                order.setdefault(label, []).append(i)
-            outputs: list[list[int]] = [[] for _ in prompts]
+            for j, i in enumerate(picked):  # j: the position in this pass's outputs
+                order.setdefault("" if lab is None else lab[i], []).append(j)
+            outputs: list[list[int]] = [[] for _ in picked]
             groups: dict[str, dict[str, Any]] = {}
             before = last = _scrape(server.url)
             reading = 0.0  # scrapes between labels: not generation
             g0 = time.perf_counter()
             with ThreadPoolExecutor(max_workers=max(1, width)) as pool:
                 for label, idx in order.items():
-                    seeds = [None if seed is None else seed + i for i in idx]
+                    seeds = [None if seed is None else seed + picked[j] for j in idx]
                     outs = pool.map(
-                        complete, [prompts[i] for i in idx], [temperature] * len(idx), seeds
+                        complete,
+                        [prompts[picked[j]] for j in idx],
+                        [temperature] * len(idx),
+                        seeds,
                     )
-                    for i, out in zip(idx, outs, strict=True):
-                        outputs[i] = out
+                    for j, out in zip(idx, outs, strict=True):
+                        outputs[j] = out
                     if lab is not None:
                         m0 = time.perf_counter()
                         now = _scrape(server.url)
@@ -197,13 +207,14 @@ def run_served(
                 max_tokens=4,
                 temperature=0.0,
             )
-        result = one_pass(labels, concurrency, 0.0, None)
+        result = one_pass(labels, concurrency, 0.0, None, subset)
         done = {
             p.name: one_pass(
                 labels if p.labels else None,
                 p.concurrency,
                 p.temperature,
                 p.seed,
+                p.subset,
             )
             for p in passes
         }
