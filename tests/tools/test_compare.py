@@ -173,3 +173,27 @@ def test_a_sweep_is_one_curve_per_combination_of_the_other_params():
         "train.lr=0.01": ["c"],
     }
     assert list(series(rows[:2], "train.samples", changed_params(rows[:2]))) == [""]
+
+
+def test_the_cost_counts_the_stages_that_make_the_draft_and_no_partial_sum(tmp_path):
+    """A GGUF target's conversion counts as its build; preflight and validate do not
+    count; a missing stage figure gives no hours rather than a cheaper-looking sum."""
+    from eagle3_pipeline.tools.experiments.cost import read_cost
+
+    details = tmp_path / "metrics/details"
+    details.mkdir(parents=True)
+    figures = {
+        "target": {"gguf": {"convert_s": 90.0}},
+        "prepare": {"wall_s": 1800.0},
+        "extract": {"wall_s": 900.0},
+        "train": {"wall_s": 3600.0},
+        "validate": {"wall_s": 99999.0},
+        "preflight": {"cpu": {"cores": 2}},
+    }
+    for stage, data in figures.items():
+        (details / f"{stage}.json").write_text(json.dumps(data))
+    cost = read_cost(tmp_path, "workspace", None)
+    assert cost.hours == pytest.approx((90 + 1800 + 900 + 3600) / 3600)
+    assert cost.cpu_hours == pytest.approx(2 * cost.hours)
+    (details / "extract.json").unlink()
+    assert read_cost(tmp_path, "workspace", "metrics/details").hours is None

@@ -20,12 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# (stage, key of its wall time in its details): the stages that make the draft
-COST_STAGES: tuple[tuple[str, str], ...] = (
-    ("target", "build_wall_s"),
-    ("prepare", "wall_s"),
-    ("extract", "wall_s"),
-    ("train", "wall_s"),
+# (stage, key path of its wall time in its details): the stages that make the draft; a
+# target is built (the tiny ones) or converted (a GGUF file), else only described
+COST_STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("target", ("build_wall_s",)),
+    ("target", ("gguf", "convert_s")),
+    ("prepare", ("wall_s",)),
+    ("extract", ("wall_s",)),
+    ("train", ("wall_s",)),
 )
 DEFAULT_DETAILS = "metrics/details"
 
@@ -76,11 +78,15 @@ def read_cost(repo: Path, rev: str, details_dir: str | None) -> Cost:
     """The cost of the experiment at ``rev`` (``workspace``: the work tree)."""
     base = (details_dir or DEFAULT_DETAILS).rstrip("/")
     hours: dict[str, float] = {}
-    for stage, key in COST_STAGES:
-        data = _details(repo, rev, f"{base}/{stage}.json")
-        value = data.get(key) if isinstance(data, dict) else None
+    read: dict[str, Any] = {}
+    for stage, keys in COST_STAGES:
+        if stage not in read:
+            read[stage] = _details(repo, rev, f"{base}/{stage}.json")
+        value: Any = read[stage]
+        for key in keys:
+            value = value.get(key) if isinstance(value, dict) else None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            hours[stage] = float(value) / 3600.0
+            hours[stage] = hours.get(stage, 0.0) + float(value) / 3600.0
     preflight = _details(repo, rev, f"{base}/preflight.json")
     cpu = preflight.get("cpu") if isinstance(preflight, dict) else None
     cores = cpu.get("cores") if isinstance(cpu, dict) else None
