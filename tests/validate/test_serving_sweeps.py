@@ -155,7 +155,10 @@ def test_the_report_states_temperature_k_and_concurrency_and_draws_the_plot():
     assert "K=1, one request at a time" in text
     # a sampled pass run with requests in flight says so (validate.counting_concurrency)
     v.sampled = sampled_figures(run, 0.7, 0, [prompt], concurrency=8)
-    assert "K=1, 8 requests in flight, one set at a time" in "\n".join(serving_lines(v, 1, 64))
+    v.speed_prompts, v.prompts = 1, 2  # the levels over a subset say so
+    text = "\n".join(serving_lines(v, 1, 64))
+    assert "K=1, 8 requests in flight, one prompt set, category and turn at a time" in text
+    assert "over 1 of the 2 prompts decoded above, evenly spaced" in text
 
 
 def test_the_per_set_table_says_how_many_requests_the_proof_had_in_flight():

@@ -31,7 +31,9 @@ def in_dtype(dtype: str | None) -> str:
 def _in_flight(concurrency: int | None) -> str:
     """How many requests a counting pass had in flight (a record without it: one)."""
     c = concurrency or 1
-    return "one request at a time" if c == 1 else f"{c} requests in flight, one set at a time"
+    if c == 1:
+        return "one request at a time"
+    return f"{c} requests in flight, one prompt set, category and turn at a time"
 
 
 def sampled_lines(
@@ -54,13 +56,18 @@ def sampled_lines(
     return lines
 
 
-def concurrency_lines(c: ConcurrencyFigures, k: int, dtype: str | None = None) -> list[str]:
+def concurrency_lines(
+    c: ConcurrencyFigures,
+    k: int,
+    dtype: str | None = None,
+    over: str = "every prompt decoded above",
+) -> list[str]:
     b = c.break_even_concurrency
     top = max(r.concurrency for r in c.levels)
     lines = [
         f"Output tokens/s in vLLM with and without the draft, K={k}, temperature "
         f"0{in_dtype(dtype)}, with N requests in flight (a new one starts as one finishes) over "
-        "every prompt decoded above:",
+        f"{over}:",
         "",
         "| requests in flight | without the draft (tokens/s) | with it (tokens/s) | speedup "
         "| acceptance length | same outputs |",
@@ -119,7 +126,18 @@ def serving_lines(v: VllmFigures, k: int, max_new_tokens: int) -> list[str]:
             *sampled_lines(v.sampled, k, max_new_tokens, v.speed_dtype()),
         ]
     if v.concurrency and v.concurrency.levels:
-        lines += ["", "## Under load", "", *concurrency_lines(v.concurrency, k, v.speed_dtype())]
+        over = (
+            f"{v.speed_prompts} of the {v.prompts} prompts decoded above, evenly spaced "
+            "(validate.speed_prompts)"
+            if v.speed_prompts is not None and v.speed_prompts != v.prompts
+            else "every prompt decoded above"
+        )
+        lines += [
+            "",
+            "## Under load",
+            "",
+            *concurrency_lines(v.concurrency, k, v.speed_dtype(), over),
+        ]
     if v.k_sweep:
         lines += ["", "## K", "", *k_sweep_lines(v)]
     return lines
