@@ -62,3 +62,13 @@ def add_counters(total: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
     a, b = a + [0] * (n - len(a)), b + [0] * (n - len(b))
     out["accepted_per_pos"] = [x + y for x, y in zip(a, b, strict=True)]
     return out
+
+
+def by_label(labels: list[str]) -> dict[str, list[int]]:
+    """The prompt indices of each label, labels in order of first appearance: a counting
+    pass runs one label's prompts at a time so vLLM's engine-wide counters are that
+    label's (the offline worker and the served path alike)."""
+    order: dict[str, list[int]] = {}
+    for i, label in enumerate(labels):
+        order.setdefault(label, []).append(i)
+    return order

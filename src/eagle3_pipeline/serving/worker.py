@@ -43,6 +43,7 @@ from eagle3_pipeline.serving.counters import (
     COUNTERS,
     PER_POS,
     add_counters,
+    by_label,
     counter_delta,
     generation_run,
 )
@@ -129,9 +130,7 @@ def in_flight(
     counters are the engine's, so a label's share is only known when it runs alone."""
     if labels is None:
         return _in_flight(llm, prompts, params, concurrency)
-    order: dict[str, list[int]] = {}
-    for i, label in enumerate(labels):
-        order.setdefault(label, []).append(i)
+    order = by_label(labels)
     outputs: list[list[int]] = [[] for _ in prompts]
     groups: dict[str, dict[str, Any]] = {}
     before = counters(llm.get_metrics())

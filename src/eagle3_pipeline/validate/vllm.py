@@ -32,6 +32,7 @@ from typing import Any
 from eagle3_pipeline.serving.counters import (
     COUNTERS,
     PER_POS,
+    by_label,
     counter_delta,
     generation_run,
 )
@@ -171,9 +172,8 @@ def run_served(
             chosen: Sequence[int] | None,
         ) -> dict[str, Any]:
             picked = list(range(len(prompts))) if chosen is None else list(chosen)
-            order: dict[str, list[int]] = {}
-            for j, i in enumerate(picked):  # j: the position in this pass's outputs
-                order.setdefault("" if lab is None else lab[i], []).append(j)
+            # j in order[label]: the position in this pass's outputs
+            order = by_label(["" if lab is None else lab[i] for i in picked])
             outputs: list[list[int]] = [[] for _ in picked]
             groups: dict[str, dict[str, Any]] = {}
             before = last = _scrape(server.url)
