@@ -1,10 +1,16 @@
-"""Benchmark of the acceptance evaluator: KV caches (``validate.kv_cache=true``) against
-the recomputing evaluator, side by side in one process, over the same prompts.
+"""Benchmark of the acceptance evaluator, two ways of one measurement side by side in one
+process, over the same prompts:
 
-For each number of new tokens (default 64 and 512) it runs both evaluators on the same
+- ``--compare kv_cache`` (default): KV caches (``validate.kv_cache=true``) against the
+  recomputing evaluator, without the lossless check;
+- ``--compare lossless``: the whole evaluator with KV caches and its lossless check, the
+  check done in one teacher-forced target forward per answer (today's) against decoding
+  the greedy reference token by token (the older check).
+
+For each number of new tokens (default 64 and 512) it runs both variants on the same
 target, draft and prompts, interleaved over ``--trials`` trials, and prints each one's
-tokens/s, the median of the paired ratios, and whether the two produced identical tokens
-and counts (they must).
+tokens/s, the median of the paired ratios (baseline time / new time), and whether the two
+produced identical tokens, counts and verdicts (they must).
 
 Target and draft: a pipeline run's (``--workdir DIR`` holding data/target/ and data/draft/,
 e.g. the repository after ``dvc repro``), or by default a random-weight Llama target built
@@ -12,7 +18,8 @@ here (hidden 256, 4 layers) with an untrained draft: every draft is then rejecte
 target's cache rolls back K positions each step, which is the evaluator's worst case.
 Stop tokens are ignored so that every prompt generates exactly N tokens.
 
-Usage: python bench/acceptance.py [--workdir DIR] [--tokens 64 512] [--trials 3] [--prompts 1]
+Usage: python bench/acceptance.py [--compare kv_cache|lossless] [--workdir DIR]
+       [--tokens 64 512] [--trials 3] [--prompts 1] [--threads 1]
 """
 
 from __future__ import annotations
@@ -57,6 +64,19 @@ def untrained_draft(spec: Any, k: int) -> Any:
     return build_draft(spec, shape, k, 1024, d2t, t2d, spec.path, "sdpa")
 
 
+# per comparison: (baseline name, measure() options), (new name, measure() options)
+VARIANTS: dict[str, tuple[tuple[str, dict[str, Any]], tuple[str, dict[str, Any]]]] = {
+    "kv_cache": (
+        ("recompute", {"check_lossless": False, "kv_cache": False}),
+        ("kv_cache", {"check_lossless": False, "kv_cache": True}),
+    ),
+    "lossless": (
+        ("decode_check", {"kv_cache": True, "lossless_by": "decode"}),
+        ("forward_check", {"kv_cache": True, "lossless_by": "forward"}),
+    ),
+}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workdir", type=Path, help="a run's directory (data/target, data/draft)")
@@ -64,12 +84,15 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--prompts", type=int, default=1)
     ap.add_argument("-k", type=int, default=3)
+    ap.add_argument("--compare", choices=sorted(VARIANTS), default="kv_cache")
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     ap.add_argument("--out", type=Path, help="also write the figures as JSON")
     args = ap.parse_args()
+    (base_name, base), (new_name, new) = VARIANTS[args.compare]
 
     from eagle3_pipeline.validate.acceptance import Prompt, SpeculatorsDraft, Target, measure
 
-    torch.set_num_threads(1)  # both evaluators on one core each, as on a loaded machine
+    torch.set_num_threads(args.threads)  # default one: as on a loaded machine
     tmp = tempfile.TemporaryDirectory()
     if args.workdir:
         from eagle3_pipeline.draft.checkpoint import load_trained_draft
@@ -90,39 +113,40 @@ def main() -> None:
     ]
     print(
         f"target: {source}; K={args.k}; {args.prompts} prompt(s) of 32 tokens; "
-        f"{args.trials} interleaved trials; torch threads 1"
+        f"{args.trials} interleaved trials; torch threads {args.threads}; "
+        f"{new_name} against {base_name}"
     )
     rows = []
     for n in args.tokens:
-        times: dict[bool, list[float]] = {False: [], True: []}
-        results: dict[bool, Any] = {}
+        times: dict[str, list[float]] = {base_name: [], new_name: []}
+        results: dict[str, Any] = {}
         for _ in range(args.trials):
-            for kv in (False, True):
+            for name, kwargs in ((base_name, base), (new_name, new)):
                 t0 = time.perf_counter()
-                res, per_prompt = measure(
-                    target, draft, prompts, args.k, n, [], check_lossless=False, kv_cache=kv
-                )
-                times[kv].append(time.perf_counter() - t0)
-                results[kv] = (res.to_dict(), [dataclasses.asdict(r) for r in per_prompt])
-        tokens = results[False][0]["tokens"]
-        ratios = [a / b for a, b in zip(times[False], times[True], strict=True)]
+                res, per_prompt = measure(target, draft, prompts, args.k, n, [], **kwargs)
+                times[name].append(time.perf_counter() - t0)
+                results[name] = (res.to_dict(), [dataclasses.asdict(r) for r in per_prompt])
+        tokens = results[base_name][0]["tokens"]
+        ratios = [a / b for a, b in zip(times[base_name], times[new_name], strict=True)]
         row = {
             "new_tokens": n,
             "tokens": tokens,
-            "recompute_tokens_per_s": tokens / statistics.median(times[False]),
-            "kv_cache_tokens_per_s": tokens / statistics.median(times[True]),
+            f"{base_name}_tokens_per_s": tokens / statistics.median(times[base_name]),
+            f"{new_name}_tokens_per_s": tokens / statistics.median(times[new_name]),
             "median_paired_ratio": statistics.median(ratios),
-            "identical": results[False] == results[True],
+            "identical": results[base_name] == results[new_name],
         }
         rows.append(row)
         print(
-            f"{n:>5} new tokens: recompute {row['recompute_tokens_per_s']:8.1f} tok/s, "
-            f"kv cache {row['kv_cache_tokens_per_s']:8.1f} tok/s, "
+            f"{n:>5} new tokens: {base_name} {row[f'{base_name}_tokens_per_s']:8.1f} tok/s, "
+            f"{new_name} {row[f'{new_name}_tokens_per_s']:8.1f} tok/s, "
             f"ratio {row['median_paired_ratio']:.2f}x, identical: {row['identical']}"
         )
     target.close()
     if args.out:
-        args.out.write_text(json.dumps({"source": source, "rows": rows}, indent=2))
+        args.out.write_text(
+            json.dumps({"source": source, "compare": args.compare, "rows": rows}, indent=2)
+        )
 
 
 if __name__ == "__main__":

@@ -22,10 +22,14 @@ import torch
 
 from eagle3_pipeline.core.config import ConfigError
 from eagle3_pipeline.validate.acceptance import (
+    CachedTarget,
     OracleDraft,
     Prompt,
     SpeculatorsDraft,
     Target,
+    decode_check,
+    greedy_check,
+    greedy_decode,
     load_prompts,
     measure,
     speculative_decode,
@@ -194,6 +198,51 @@ def test_trained_draft_beats_untrained(setup: Setup, untrained: Any, trained: An
     assert better.lossless is True
     assert better.acceptance_length > base.acceptance_length
     assert better.acceptance_length > 1.2
+
+
+# --------------------------------------------------------------------------- losslessness
+
+
+def test_forward_check_gives_the_decoded_references_verdicts(setup: Setup, trained: Any) -> None:
+    """One teacher-forced forward per answer (the default) and decoding the greedy
+    reference token by token pass the same answers, with every count unchanged."""
+    forward, _ = measure(
+        setup.target, SpeculatorsDraft(trained), setup.prompts, K, MAX_NEW, setup.stops
+    )
+    decode, _ = measure(
+        setup.target,
+        SpeculatorsDraft(trained),
+        setup.prompts,
+        K,
+        MAX_NEW,
+        setup.stops,
+        lossless_by="decode",
+    )
+    assert forward.lossless is True and forward.lossless_prompts == N_PROMPTS
+    assert forward.to_dict() == decode.to_dict()
+
+
+@pytest.mark.parametrize("kind", ["changed token", "early stop"])
+def test_checks_name_where_an_answer_left_greedy_decoding(setup: Setup, kind: str) -> None:
+    """An answer that is not the target's greedy one fails both checks at the same token,
+    with the target's top-2 margin there (what the report prints beside a divergence)."""
+    p = setup.prompts[0]
+    greedy = greedy_decode(CachedTarget(setup.target), p.prompt_ids, MAX_NEW, setup.stops).tokens
+    assert len(greedy) >= 4
+    at = len(greedy) // 2  # before the last token, the only one that may be a stop token
+    wrong = (greedy[at] + 1) % setup.spec.vocab_size
+    if kind == "early stop":
+        wrong = next(t for t in setup.stops if t != greedy[at])
+    bad = (
+        [*greedy[:at], wrong] if kind == "early stop" else [*greedy[:at], wrong, *greedy[at + 1 :]]
+    )
+    assert greedy_check(setup.target, p.prompt_ids, greedy).lossless is True
+    by_forward = greedy_check(setup.target, p.prompt_ids, bad)
+    by_decode = decode_check(CachedTarget(setup.target), p.prompt_ids, bad, MAX_NEW, setup.stops)
+    assert (by_forward.lossless, by_forward.first_divergence) == (False, at)
+    assert (by_decode.lossless, by_decode.first_divergence) == (False, at)
+    assert by_forward.divergence_margin == pytest.approx(by_decode.divergence_margin, abs=1e-3)
+    assert by_forward.divergence_margin > 0
 
 
 # --------------------------------------------------------------------------- the draft
