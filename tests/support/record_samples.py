@@ -254,7 +254,6 @@ def train_record(**overrides: Any) -> TrainRecord:
 
 def validate_record(**overrides: Any) -> ValidateRecord:
     fields: dict[str, Any] = dict(
-        checkpoint_ok=True,
         checkpoint_errors=0,
         checkpoint_warnings=0,
         acceptance_length=1.6,

@@ -406,7 +406,7 @@ def test_nan_weights(built: Built, tmp_path: Path) -> None:
 def test_values_located_across_dtypes_numpy_cannot_read(tmp_path: Path) -> None:
     # byte ranges are derived from offset order and sizes: a tensor stored after an fp8
     # one (no numpy dtype) must still be read at the right place.
-    from eagle3_pipeline.validate.checkpoint_values import byte_ranges
+    from eagle3_pipeline.validate.checkpoint.values import byte_ranges
 
     path = tmp_path / "model.safetensors"
     sd = {
@@ -622,3 +622,20 @@ def test_cli_exit_codes(built: Built, tmp_path: Path) -> None:
     assert main([str(built.draft_dir), "--target", str(tmp_path), "--no-reload"]) == 0
     assert main([str(bad), "--target", str(tmp_path / "nowhere"), "--no-reload"]) == 2
     assert main([str(built.draft_dir), "--target", str(built.target_dir), "--no-reload"]) == 0
+
+
+# --------------------------------------------------------------------------- the stage
+
+
+def test_validate_stage_stops_on_a_checkpoint_with_errors(built: Built, tmp_path: Path) -> None:
+    """The validate stage measures nothing on a draft the validator fails: its error names
+    the draft and the first errors, which is why its record carries no pass/fail flag."""
+    from eagle3_pipeline.core.errors import StageError
+    from eagle3_pipeline.validate.run import check_checkpoint
+
+    spec = dataclasses.replace(built.spec, path=str(built.target_dir))
+    assert check_checkpoint(built.draft_dir, spec).errors == 0
+    bad = variant(built, tmp_path, tensors=lambda sd: sd.pop("norm.weight"))
+    with pytest.raises(StageError, match=r"found \d+ error\(s\): .*norm\.weight") as exc:
+        check_checkpoint(bad, spec)
+    assert str(bad) in str(exc.value)

@@ -208,8 +208,9 @@ class ValidateRecord(Record):
     STAGE = "validate"
     HEADLINE_IN_DVCLIVE = True
 
-    checkpoint_ok: bool  # the checkpoint validator found no error
-    checkpoint_errors: int  # its errors
+    # the checkpoint validator's counts; a checkpoint with errors stops the stage before
+    # anything is measured, so a record exists only for one it passed
+    checkpoint_errors: int
     checkpoint_warnings: int  # its warnings
     # tokens per target step (chained greedy speculative decoding, ours; prefill excluded)
     acceptance_length: float | None = headline()

@@ -494,7 +494,6 @@ def validate_draft(
     # set alone `dvc metrics show` keeps its width (they stay in the details and report)
     benchmarks = list(sets) != ["heldout"]
     record = ValidateRecord(
-        checkpoint_ok=True,  # check_checkpoint refused any other
         checkpoint_errors=checkpoint.errors,
         checkpoint_warnings=checkpoint.warnings,
         acceptance_length=acc.acceptance_length,

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.core.safetensors import TensorInfo, read_header
-from eagle3_pipeline.validate.checkpoint_report import Report
-from eagle3_pipeline.validate.checkpoint_weights import StoredTensor, vllm_name
+from eagle3_pipeline.validate.checkpoint.report import Report
+from eagle3_pipeline.validate.checkpoint.weights import StoredTensor, vllm_name
 
 # numpy dtypes for the safetensors dtypes read raw; BF16 is widened by hand (numpy has none).
 _NUMPY_DTYPES = {

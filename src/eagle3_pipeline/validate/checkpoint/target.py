@@ -13,8 +13,8 @@ from pathlib import Path
 
 from eagle3_pipeline.core.portable import portable
 from eagle3_pipeline.targets.adapter import VLLM_EAGLE3_TARGETS, TargetSpec
-from eagle3_pipeline.validate.checkpoint_config import AUX_WHERE, CheckpointShape
-from eagle3_pipeline.validate.checkpoint_report import Report
+from eagle3_pipeline.validate.checkpoint.config import AUX_WHERE, CheckpointShape
+from eagle3_pipeline.validate.checkpoint.report import Report
 
 VERIFIER_WHERE = "config.json:speculators_config.verifier.name_or_path"
 

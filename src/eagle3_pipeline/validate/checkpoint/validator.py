@@ -8,12 +8,12 @@ unless told otherwise, and defaults ``norm_before_residual`` to the opposite of
 speculators. Every such trap is a rule, read from vLLM's
 ``transformers_utils/configs/speculators`` and ``model_executor/models/llama_eagle3.py``.
 
-The rules live by what they read: ``checkpoint_config`` (config.json),
-``checkpoint_weights`` (safetensors headers: names, shapes, dtypes), ``checkpoint_values``
-(NaN/Inf and ``d2t``, one tensor at a time), ``checkpoint_target`` (the target it was
-trained for) and ``checkpoint_reload`` (speculators itself, imported lazily). All but the
-reload work without vLLM, without a GPU and without importing speculators; this module
-runs them in order into one :class:`Report`.
+The rules live by what they read, one module each in this package: ``config``
+(config.json), ``weights`` (safetensors headers: names, shapes, dtypes), ``values``
+(NaN/Inf and ``d2t``, one tensor at a time), ``target`` (the target it was trained for),
+``mla`` (Kimi's MLA draft layer) and ``reload`` (speculators itself, imported lazily). All
+but the reload work without vLLM, without a GPU and without importing speculators; this
+module runs them in order into one :class:`~.report.Report`.
 
 Tensor names: speculators 0.9 ``save_pretrained`` writes ``fc.weight``,
 ``layers.{i}.self_attn.{q,k,v,o}_proj.weight``, ``layers.{i}.mlp.{gate,up,down}_proj.weight``,
@@ -33,17 +33,17 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.targets.adapter import TargetSpec
-from eagle3_pipeline.validate.checkpoint_config import CheckpointShape, check_config
-from eagle3_pipeline.validate.checkpoint_mla import check_mla_config, is_plain_mla
-from eagle3_pipeline.validate.checkpoint_reload import check_reload
-from eagle3_pipeline.validate.checkpoint_report import ERROR, INFO, WARNING, Finding, Report
-from eagle3_pipeline.validate.checkpoint_target import (
+from eagle3_pipeline.validate.checkpoint.config import CheckpointShape, check_config
+from eagle3_pipeline.validate.checkpoint.mla import check_mla_config, is_plain_mla
+from eagle3_pipeline.validate.checkpoint.reload import check_reload
+from eagle3_pipeline.validate.checkpoint.report import ERROR, INFO, WARNING, Finding, Report
+from eagle3_pipeline.validate.checkpoint.target import (
     check_against_target,
     check_without_target,
     serve_command,
 )
-from eagle3_pipeline.validate.checkpoint_values import check_tensor_values
-from eagle3_pipeline.validate.checkpoint_weights import (
+from eagle3_pipeline.validate.checkpoint.values import check_tensor_values
+from eagle3_pipeline.validate.checkpoint.weights import (
     StoredTensor,
     check_weights,
     expected_tensors,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eagle3_pipeline.validate.checkpoint_report import Report
+from eagle3_pipeline.validate.checkpoint.report import Report
 
 
 def check_reload(report: Report, draft_dir: Path, verifier_dir: Path | None) -> None:

@@ -14,7 +14,7 @@ from typing import Any, TypeGuard
 
 from eagle3_pipeline.draft.layers import DRAFT_LAYERS
 from eagle3_pipeline.targets.adapter import MlaDims
-from eagle3_pipeline.validate.checkpoint_report import Report
+from eagle3_pipeline.validate.checkpoint.report import Report
 
 # vLLM's llama_eagle3 sizes fc for this many aux states unless num_aux_hidden_states says so.
 VLLM_DEFAULT_NUM_AUX = 3

@@ -5,7 +5,7 @@ vLLM leaves a parameter the checkpoint lacks uninitialised without a word and fa
 load on a name it has no parameter for, so both directions are checked against the
 shapes the config implies. Only safetensors headers are read here (via
 :func:`eagle3_pipeline.core.safetensors.read_header`); the values are
-:mod:`eagle3_pipeline.validate.checkpoint_values`' concern.
+:mod:`eagle3_pipeline.validate.checkpoint.values`' concern.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from pathlib import Path
 from eagle3_pipeline.core.errors import ConfigError
 from eagle3_pipeline.core.safetensors import TensorInfo, read_header
 from eagle3_pipeline.draft.layers import DRAFT_LAYERS
-from eagle3_pipeline.validate.checkpoint_config import CheckpointShape
-from eagle3_pipeline.validate.checkpoint_report import Report
+from eagle3_pipeline.validate.checkpoint.config import CheckpointShape
+from eagle3_pipeline.validate.checkpoint.report import Report
 
 # vLLM's renames applied to checkpoint names before matching parameters.
 VLLM_RENAMES = (("midlayer.", "layers.0."),)

@@ -17,7 +17,7 @@ from typing import Any
 
 from eagle3_pipeline.draft.mla_format import MLA_FIELDS, PIPELINE_KEY, SERVED_ARCHITECTURE
 from eagle3_pipeline.targets.adapter import MlaDims
-from eagle3_pipeline.validate.checkpoint_config import (
+from eagle3_pipeline.validate.checkpoint.config import (
     CheckpointShape,
     check_aux_count,
     check_aux_ids,
@@ -28,7 +28,7 @@ from eagle3_pipeline.validate.checkpoint_config import (
     is_int,
     require_field,
 )
-from eagle3_pipeline.validate.checkpoint_report import Report
+from eagle3_pipeline.validate.checkpoint.report import Report
 
 # What vLLM turns into its MLA EAGLE-3 class (it prefixes "Eagle3" to the rest).
 SERVED_ARCHITECTURES = {
