@@ -2,8 +2,8 @@
 per session.
 
 Tiers (README): ``quick`` -- config, graph, validators, plan and data logic; no model is
-built or trained and no DVC command runs (enforced below: a quick test that starts ``dvc``
-fails). ``integration`` -- builds tiny targets, trains a few steps, runs DVC commands.
+built or trained and no DVC command runs (enforced below: a quick test that starts ``dvc``,
+builds a ``PreTrainedModel`` or runs a backward pass fails). ``integration`` -- builds tiny targets, trains a few steps, runs DVC commands.
 ``slow`` -- end to end: whole DVC graphs, real vLLM, the real model. A test is marked
 ``integration`` or ``slow`` explicitly (or ``integration`` by using a fixture in
 :data:`MODEL_FIXTURES`); every other test is ``quick``.
@@ -11,6 +11,7 @@ fails). ``integration`` -- builds tiny targets, trains a few steps, runs DVC com
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -112,6 +113,46 @@ def _quick_tests_run_no_dvc(
             super().__init__(args, *a, **kw)
 
     monkeypatch.setattr(subprocess, "Popen", NoDvcPopen)
+
+
+@contextlib.contextmanager
+def _no_models() -> Iterator[None]:
+    """While active, building any transformers or speculators ``PreTrainedModel`` (a target,
+    a draft) or running a backward pass raises."""
+    import torch
+    from transformers import PreTrainedModel
+
+    def no_model(self: PreTrainedModel, *a: object, **kw: object) -> None:
+        raise AssertionError(
+            f"a quick test built a model ({type(self).__name__}); mark it integration"
+        )
+
+    def no_backward(self: torch.Tensor, *a: object, **kw: object) -> None:
+        raise AssertionError("a quick test ran a backward pass; mark it integration")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(PreTrainedModel, "__init__", no_model)
+        mp.setattr(torch.Tensor, "backward", no_backward)
+        yield
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    """The quick tier's other promise: a quick test that builds a model or trains, in its
+    fixtures (a module-scoped one too: it is set up for the first test that asks) or in its
+    body, fails."""
+    if item.get_closest_marker("quick") is None:
+        return (yield)
+    with _no_models():
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    if item.get_closest_marker("quick") is None:
+        return (yield)
+    with _no_models():
+        return (yield)
 
 
 # reduced settings for fast tests: a few target steps is enough to exercise every path

@@ -100,6 +100,7 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict[st
     return draft, target, state
 
 
+@pytest.mark.integration
 def test_load_draft_offline_with_a_hub_id(
     saved: tuple[Path, Path, dict[str, torch.Tensor]],
 ) -> None:
@@ -124,6 +125,7 @@ def test_load_draft_offline_with_a_hub_id(
     assert torch.equal(loaded["verifier_lm_head.weight"], state["verifier_lm_head.weight"])
 
 
+@pytest.mark.integration
 def test_load_draft_needs_a_local_target(
     saved: tuple[Path, Path, dict[str, torch.Tensor]], tmp_path: Path
 ) -> None:
@@ -211,6 +213,7 @@ def test_strict_dataset_raises_where_speculators_returns_sample_unavailable(
         ds[5]
 
 
+@pytest.mark.integration
 def test_stock_trainer_runs_a_step_on_cpu(saved) -> None:
     """speculators' Trainer, with compat's patches only, trains a draft on CPU."""
     import tempfile

@@ -32,6 +32,7 @@ def _loss(model: Tiny, x: torch.Tensor) -> torch.Tensor:
     return (model(x) - 1.0).pow(2).mean()
 
 
+@pytest.mark.integration
 def test_muon_puts_each_parameter_where_speculators_does_and_learns():
     from speculators.train.optimizers import split_named_params_for_muon
 
@@ -58,6 +59,7 @@ def test_muon_puts_each_parameter_where_speculators_does_and_learns():
     assert _loss(model, x).item() < before
 
 
+@pytest.mark.integration
 def test_optimizer_group_state_round_trip_resumes_identically():
     """Two copies: one steps 6 times; the other steps 3, saves, is rebuilt, restores and
     steps 3 more. Both end with the same weights (Muon's momentum and AdamW's moments)."""

@@ -45,6 +45,7 @@ def test_the_cpu_implementation_swaps_the_kl_only() -> None:
     assert loss_config("kl_div", "eager") == {"kl_div": (eager.kl_div_loss, 1.0)}
 
 
+@pytest.mark.integration
 def test_the_targets_get_no_gradient() -> None:
     logits = torch.randn(1, 5, 16, requires_grad=True)
     targets = torch.randn(1, 5, 16, requires_grad=True)

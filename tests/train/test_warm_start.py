@@ -29,6 +29,9 @@ AUX = [2, 4, 5]  # the default taps (2, L//2, L-3) of an 8-layer target
 OPTIONS = DraftShapeConfig(
     norm_before_residual=False, norm_before_fc=False, fc_norm=False, norm_output=False
 )
+# each warm start builds and saves real drafts
+pytestmark = pytest.mark.integration
+
 SHAPE = DraftShape(
     layer_type="llama",
     num_layers=1,

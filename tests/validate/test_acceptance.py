@@ -242,7 +242,7 @@ def test_checks_name_where_an_answer_left_greedy_decoding(setup: Setup, kind: st
     assert (by_forward.lossless, by_forward.first_divergence) == (False, at)
     assert (by_decode.lossless, by_decode.first_divergence) == (False, at)
     assert by_forward.divergence_margin == pytest.approx(by_decode.divergence_margin, abs=1e-3)
-    assert by_forward.divergence_margin > 0
+    assert by_forward.divergence_margin is not None and by_forward.divergence_margin > 0
 
 
 # --------------------------------------------------------------------------- the draft

@@ -28,6 +28,9 @@ from eagle3_pipeline.core.io import atomic_write_json
 from eagle3_pipeline.targets.adapter import TargetSpec, describe_target
 from eagle3_pipeline.validate.checkpoint import Report, validate_checkpoint
 
+# every rule is checked on real drafts built with speculators' classes (the `built` fixtures)
+pytestmark = pytest.mark.integration
+
 HIDDEN = 64
 VOCAB = 300
 DRAFT_VOCAB = 128
