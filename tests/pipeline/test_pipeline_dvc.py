@@ -21,6 +21,8 @@ from typing import Any
 import pytest
 import yaml
 from commands import command_env, dvc, run_ok
+from workdirs import commit_all
+from workdirs import repo_copy as repo_copy_of_project
 
 REPO = Path(__file__).resolve().parents[2]
 STAGES = ["preflight", "target", "prepare", "extract", "train", "validate"]
@@ -81,30 +83,13 @@ def _merge(dst: dict, src: dict) -> None:
 @pytest.fixture(scope="module")
 def repo_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A git repository holding the project's files and the reduced configuration."""
-    dst = tmp_path_factory.mktemp("repo")
-    files = (
-        subprocess.run(
-            ["git", "ls-files", "-co", "--exclude-standard", "-z"],
-            cwd=REPO,
-            capture_output=True,
-            check=True,
-        )
-        .stdout.decode()
-        .split("\0")
-    )
-    for rel in filter(None, files):
-        src = REPO / rel
-        if src.is_file():
-            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dst / rel)
+    dst = repo_copy_of_project(tmp_path_factory.mktemp("repo"))
     conf = dst / "conf/config.yaml"
     data = yaml.safe_load(conf.read_text())
     _merge(data, REDUCED)
     conf.write_text(yaml.safe_dump(data, sort_keys=False))
     run_ok(dst, sys.executable, "-m", "eagle3_pipeline.tools.compose")
-    run_ok(dst, "git", "init", "-q")
-    run_ok(dst, "git", "add", "-A")
-    run_ok(dst, "git", "commit", "-qm", "reduced config")
+    commit_all(dst, "reduced config")
     return dst
 
 

@@ -79,22 +79,27 @@ def repo_copy(root: Path, commit: bool = False) -> Path:
     """The repository's tracked and untracked-but-not-ignored files, in a new git repo
     (committed when ``commit``: ``dvc exp run`` needs a commit)."""
     files = subprocess.run(
-        ["git", "ls-files", "-co", "--exclude-standard"],
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"],
         cwd=ROOT,
         capture_output=True,
         text=True,
         check=True,
-    ).stdout.split()
-    for rel in files:
+    ).stdout.split("\0")
+    for rel in filter(None, files):
         if (ROOT / rel).is_file():
             (root / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / rel, root / rel)
     subprocess.run(["git", "init", "-q"], cwd=root, check=True)
     if commit:
-        subprocess.run(["git", "add", "-A"], cwd=root, check=True)
-        subprocess.run(
-            ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "copy"],
-            cwd=root,
-            check=True,
-        )
+        commit_all(root, "copy")
     return root
+
+
+def commit_all(root: Path, message: str) -> None:
+    """``git add -A`` and commit in ``root``, under a fixed identity (CI has none)."""
+    subprocess.run(["git", "add", "-A"], cwd=root, check=True)
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", message],
+        cwd=root,
+        check=True,
+    )
