@@ -273,7 +273,7 @@ def locked_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
         # the target adapter: every stage runs it
         ("targets/adapter.py", {"preflight", "target", "prepare", "extract", "train", "validate"}),
         # the validator: only validate
-        ("validate/checkpoint.py", {"validate"}),
+        ("validate/checkpoint/validator.py", {"validate"}),
         # the trainer: only train
         ("train/__init__.py", {"train"}),
         # tools: no stage
