@@ -45,6 +45,50 @@ def test_every_executed_module_is_a_dep(stage: str) -> None:
     assert not missing, f"stage {stage} runs these modules but does not depend on them: {missing}"
 
 
+# what a fresh interpreter has loaded after importing a stage's entrypoint: the package
+# modules' files, one per line (found by Python itself, not by the generator's walker)
+_LOADED = (
+    "import importlib, sys; importlib.import_module(sys.argv[1]); "
+    "print('\\n'.join(sorted(m.__file__ for n, m in list(sys.modules.items()) "
+    "if n.split('.')[0] == 'eagle3_pipeline' and getattr(m, '__file__', None))))"
+)
+
+
+def _uncovered(files: list[Path], deps: list[str]) -> list[str]:
+    """The files (under ROOT) that no dep names, by itself or by a directory above it."""
+    rels = [f.resolve().relative_to(ROOT).as_posix() for f in files]
+    return [r for r in rels if not any(r == d or r.startswith(d.rstrip("/") + "/") for d in deps)]
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_what_python_loads_for_a_stage_is_among_its_deps(stage: str) -> None:
+    """The check independent of ``eagle3-graph``'s own import walker: import the stage's
+    entrypoint in a fresh interpreter and every package module Python has loaded must be a
+    generated dep (the walker also sees lazy imports, so the deps may hold more)."""
+    out = subprocess.run(
+        [sys.executable, "-c", _LOADED, f"eagle3_pipeline.stages.{stage}"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    ).stdout
+    loaded = [Path(line) for line in out.splitlines() if line.strip()]
+    assert any(p.name == f"{stage}.py" for p in loaded), out[-2000:]
+    deps = [_render(d, _params()) for d in _graph()[stage]["deps"]]
+    missing = _uncovered(loaded, deps)
+    assert not missing, f"stage {stage} loads these modules but does not depend on them: {missing}"
+
+
+def test_the_loaded_modules_check_can_fail() -> None:
+    """A dep removed (a file, or the directory that covers it) is what the check reports."""
+    src = ROOT / "src" / "eagle3_pipeline"
+    files = [src / "core" / "io.py", src / "draft" / "layers.py"]
+    deps = ["src/eagle3_pipeline/core/io.py", "src/eagle3_pipeline/draft"]
+    assert _uncovered(files, deps) == []
+    assert _uncovered(files, deps[1:]) == ["src/eagle3_pipeline/core/io.py"]
+    assert _uncovered(files, deps[:1]) == ["src/eagle3_pipeline/draft/layers.py"]
+
+
 @pytest.mark.parametrize("stage", STAGES)
 def test_no_code_dep_is_a_module_the_stage_never_runs(stage: str) -> None:
     executed = {_module_file(m) for m in executed_modules(stage)}
