@@ -226,8 +226,8 @@ class Bench:
                 passes=[Pass("in_flight", concurrency=c)],
             )
             return {
-                "1 stream": res["tokens_per_s"],
-                f"{c} in flight": res["passes"]["in_flight"]["tokens_per_s"],
+                "1 stream": res.tokens_per_s or 0.0,
+                f"{c} in flight": res.passes["in_flight"].tokens_per_s or 0.0,
             }
 
         self.stage(
@@ -337,7 +337,7 @@ class Bench:
                 self.stops,
                 log_file(self.cfg, "bench_precision_baseline"),
                 timeout_s=self.timeout,
-            )["tokens_per_s"]
+            ).tokens_per_s
             with_draft = serve(
                 self.cfg, self.spec, self.work, draft, "bench_precision", prompts, dtype, max_tokens
             )

@@ -233,7 +233,7 @@ def bench_prompts(cfg: Any, spec: Any, work: Path, out: Path) -> list[Any]:
                 log_file(cfg, "recipe_turns"),
                 timeout_s=cfg.vllm.startup_timeout_s + 3600,
             )
-            nxt = second_turns(pending, run["outputs"], tokenizer, set(stops))
+            nxt = second_turns(pending, run.outputs, tokenizer, set(stops))
             prompts += nxt
             pending = [p for p in nxt if p.next_questions]
     finally:
@@ -283,16 +283,15 @@ def serve(
         )
     finally:
         os.chdir(old)
-    fig = acceptance_figures(run["counters"])
+    fig = acceptance_figures(run.counters)
     return {
         "acceptance_length": fig.mean_acceptance_length,
         "per_position_rate": fig.per_position_rate,
         "by_set": {
-            n: f.mean_acceptance_length
-            for n, f in vllm_by_set(prompts, run["group_counters"]).items()
+            n: f.mean_acceptance_length for n, f in vllm_by_set(prompts, run.group_counters).items()
         },
-        "tokens_per_s": run["tokens_per_s"],
-        "generated_tokens": run["generated_tokens"],
+        "tokens_per_s": run.tokens_per_s,
+        "generated_tokens": run.generated_tokens,
     }
 
 

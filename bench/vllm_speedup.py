@@ -87,12 +87,12 @@ def main() -> None:
                 stops,
                 Path(cfg.vllm.log_dir) / "bench_vllm_speedup.log",
             )
-            round_tps[name] = res["tokens_per_s"]
-            loads[name].append(res["load_s"])
-            outputs[name] = res["outputs"]
+            round_tps[name] = res.tokens_per_s or 0.0
+            loads[name].append(res.load_s or 0.0)
+            outputs[name] = res.outputs
             print(
-                f"round {r + 1}: {name:<24} {res['tokens_per_s']:8.1f} tokens/s "
-                f"(engine ready in {res['load_s']:.0f} s)",
+                f"round {r + 1}: {name:<24} {res.tokens_per_s:8.1f} tokens/s "
+                f"(engine ready in {res.load_s:.0f} s)",
                 flush=True,
             )
         for name in engines:

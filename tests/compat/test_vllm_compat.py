@@ -376,13 +376,13 @@ def test_sampling_at_temperature_accepts_draft_tokens_in_vllm(tiny_target: Path,
         )
         for t in (0.0, 0.7, 0.05)
     }
-    fig = {t: acceptance_figures(r["counters"]) for t, r in runs.items()}
+    fig = {t: acceptance_figures(r.counters) for t, r in runs.items()}
     summary = {
         t: (f.mean_acceptance_length, f.num_accepted_tokens, f.num_draft_tokens)
         for t, f in fig.items()
     }
     print(f"K={K}, {len(prompts)} prompts, {MAX_TOKENS} max tokens: {summary}")
-    assert all(r["vllm_patches"] == [vllm_expand.PATCH] for r in runs.values())
+    assert all(r.vllm_patches == [vllm_expand.PATCH] for r in runs.values())
     assert all(f.num_drafts > 0 for f in fig.values()), summary
     greedy = fig[0.0].mean_acceptance_length
     assert greedy is not None

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from target_samples import target_spec
 
 from eagle3_pipeline.compat import vllm as vllm_compat
 from eagle3_pipeline.core.config import load_config
@@ -18,32 +19,8 @@ from eagle3_pipeline.targets.adapter import TargetSpec
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _spec(**kw) -> TargetSpec:
-    base: dict[str, Any] = dict(
-        name="t",
-        model_type="kimi_k25",
-        architecture="KimiK25ForConditionalGeneration",
-        vllm_architecture="KimiK25ForConditionalGeneration",
-        vllm_eagle3_supported=True,
-        nested=True,
-        text_config_key="text_config",
-        text_model_type="deepseek_v3",
-        num_layers=4,
-        hidden_size=128,
-        vocab_size=2048,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        head_dim=96,
-        intermediate_size=256,
-        attention="mla",
-        moe=True,
-        num_experts=4,
-        aux_layer_ids=[1, 2, 3],
-        aux_layer_ids_source="adapter default",
-        rope_type="yarn",
-    )
-    base.update(kw)
-    return TargetSpec(**base)
+def _spec(**kw: Any) -> TargetSpec:
+    return target_spec(**kw)
 
 
 def _cfg(*overrides: str):

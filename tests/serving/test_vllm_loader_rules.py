@@ -125,5 +125,5 @@ def test_an_mla_draft_for_a_target_without_q_lora_is_validated_and_served(
     engine = build_engine(cfg, spec, spec.path, "validate", dtype="float32", draft_dir=draft, k=3)
     prompts = [p.prompt_ids for p in load_prompts(mla_workdir / "data/heldout/prompts.jsonl")]
     out = run_offline(find_python(), engine, prompts, 8, stops, tmp_path / "vllm.log")
-    assert out["counters"]["drafts"] > 0
-    assert len(out["outputs"]) == len(prompts)
+    assert out.counters["drafts"] > 0
+    assert len(out.outputs) == len(prompts)

@@ -176,44 +176,41 @@ def test_served_and_offline_validation_give_the_same_counters(validate_workdir):
         labels=labels,
         passes=passes,
     )
-    assert offline["outputs"] == served["outputs"]
-    assert offline["counters"] == served["counters"]
-    assert offline["counters"]["drafts"] > 0
-    assert offline["group_counters"] == served["group_counters"]
-    assert sorted(offline["group_counters"]) == sorted(set(labels))
-    assert (
-        sum(g["drafts"] for g in offline["group_counters"].values())
-        == offline["counters"]["drafts"]
-    )
+    assert offline.outputs == served.outputs
+    assert offline.counters == served.counters
+    assert offline.counters["drafts"] > 0
+    assert offline.group_counters == served.group_counters
+    assert sorted(offline.group_counters) == sorted(set(labels))
+    assert sum(g["drafts"] for g in offline.group_counters.values()) == offline.counters["drafts"]
     assert offline["env"]["VLLM_MLA_DISABLE"] == "1"  # the workaround reached the engine
     for run in (offline, served):
-        sampled, both = run["passes"]["sampled"], run["passes"]["c2"]
+        sampled, both = run.passes["sampled"], run.passes["c2"]
         # the sampled pass's own counters, per label too, and its figures are theirs
-        assert sampled["counters"]["drafts"] > 0
-        assert sorted(sampled["group_counters"]) == sorted(set(labels))
+        assert sampled.counters["drafts"] > 0
+        assert sorted(sampled.group_counters) == sorted(set(labels))
         assert (
-            sum(g["drafts"] for g in sampled["group_counters"].values())
-            == (sampled["counters"]["drafts"])
+            sum(g["drafts"] for g in sampled.group_counters.values())
+            == (sampled.counters["drafts"])
         )
-        assert [len(o) > 0 for o in sampled["outputs"]] == [True] * len(prompts)
+        assert [len(o) > 0 for o in sampled.outputs] == [True] * len(prompts)
         # two in flight: every prompt answered, the draft used, tokens/s measured
-        assert both["concurrency"] == 2 and len(both["outputs"]) == len(prompts)
-        assert both["counters"]["drafts"] > 0 and both["tokens_per_s"] > 0
+        assert both.concurrency == 2 and len(both.outputs) == len(prompts)
+        assert both.counters["drafts"] > 0 and both.tokens_per_s > 0
     # the same seeds give the same samples, whichever way the engine is run
-    assert offline["passes"]["sampled"]["outputs"] == served["passes"]["sampled"]["outputs"]
+    assert offline.passes["sampled"].outputs == served.passes["sampled"].outputs
     for run in (offline, served):
-        per_label = run["passes"]["c2_labels"]
+        per_label = run.passes["c2_labels"]
         # in flight one label at a time: vLLM's counters per label, summing to the pass's
-        assert sorted(per_label["group_counters"]) == sorted(set(labels))
+        assert sorted(per_label.group_counters) == sorted(set(labels))
         assert (
-            sum(g["drafts"] for g in per_label["group_counters"].values())
-            == per_label["counters"]["drafts"]
+            sum(g["drafts"] for g in per_label.group_counters.values())
+            == per_label.counters["drafts"]
             > 0
         )
-        assert [len(o) > 0 for o in per_label["outputs"]] == [True] * len(prompts)
+        assert [len(o) > 0 for o in per_label.outputs] == [True] * len(prompts)
         # a subset: those prompts, in that order, as the single stream decoded them
         assert len(prompts) >= 3
-        assert run["passes"]["subset"]["outputs"] == [run["outputs"][2], run["outputs"][0]]
+        assert run.passes["subset"].outputs == [run.outputs[2], run.outputs[0]]
 
 
 def test_a_vllm_that_cannot_start_says_why_in_one_line(validate_workdir, tmp_path):
@@ -388,13 +385,13 @@ def test_a_trained_mla_draft_in_float32_counts_in_vllm_what_our_evaluator_counts
         setup.stops,
         tmp_path / "mla.log",
     )
-    vllm = acceptance_figures(run["counters"])
+    vllm = acceptance_figures(run.counters)
     summary = (
         f"vLLM {vllm.num_drafts} drafts, per position {vllm.num_accepted_tokens_per_pos}; "
         f"ours {ours.steps} steps, per position {ours.accepted_per_pos}"
     )
     print(summary)
-    assert run["outputs"] == [r.tokens for r in per_prompt], summary
+    assert run.outputs == [r.tokens for r in per_prompt], summary
     assert vllm.num_drafts == ours.steps, summary
     assert vllm.num_draft_tokens == MLA_K * ours.steps, summary
     assert vllm.num_accepted_tokens_per_pos == ours.accepted_per_pos, summary

@@ -280,10 +280,11 @@ def validate_record_in_vllm() -> ValidateRecord:
     concurrency, K sweep, engines), built by the validate stage's own producers from
     plausible counters, so its nested types are the ones the stage writes."""
     from eagle3_pipeline.serving.engine import CompilationConfig
+    from eagle3_pipeline.serving.result import VllmRun
     from eagle3_pipeline.validate.acceptance import PromptResult, pool
     from eagle3_pipeline.validate.by_set import figures_by_set, headline_by_set
     from eagle3_pipeline.validate.prompt_sets import EvalPrompt
-    from eagle3_pipeline.validate.record import EngineWorkaround
+    from eagle3_pipeline.validate.record import EnginePair, EngineWorkaround
     from eagle3_pipeline.validate.run import set_vllm_headline
     from eagle3_pipeline.validate.sweeps import concurrency_figures, sampled_figures
     from eagle3_pipeline.validate.vllm import compare, k_sweep_figures, serving_greedy
@@ -312,20 +313,20 @@ def validate_record_in_vllm() -> ValidateRecord:
     total = {"drafts": 6, "draft_tokens": 12, "accepted": 3, "accepted_per_pos": [3, 0]}
     out = [r.tokens for r in results]
 
-    def run(tps: float) -> dict[str, Any]:
-        return {
-            "tokens_per_s": tps,
-            "outputs": out,
-            "counters": total,
-            "generated_tokens": 12,
-            "group_counters": groups,
-            "load_s": 3.0,
-            "wall_s": 1.0,
-        }
+    def run(tps: float) -> VllmRun:
+        return VllmRun(
+            tokens_per_s=tps,
+            outputs=out,
+            counters=total,
+            generated_tokens=12,
+            group_counters=groups,
+            load_s=3.0,
+            wall_s=1.0,
+        )
 
     acc = pool(results, 2, 8)
     # the proof in float32, the speed in bfloat16 on a serving pair of its own
-    vllm = compare(acc, run(12.0), run(10.0), 2, (run(24.0), run(16.0)))
+    vllm = compare(acc, run(12.0), run(10.0), 2, (run(24.0), run(16.0)), EnginePair(3.0, 3.0))
     vllm.serving_greedy = serving_greedy(run(24.0), run(16.0))
     vllm.sampled = sampled_figures(run(11.0), 0.7, 0, prompts)
     vllm.concurrency = concurrency_figures(

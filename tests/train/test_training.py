@@ -85,32 +85,10 @@ def run_in(tmp_path: Path):
 
 
 def _spec(**kw: Any) -> Any:
-    from eagle3_pipeline.targets.adapter import TargetSpec
+    """Kimi-K2.5 at its real size (the draft's shape is resolved from it)."""
+    from target_samples import KIMI_FULL_SIZE, target_spec
 
-    base: dict[str, Any] = dict(
-        name="t",
-        model_type="x",
-        architecture="A",
-        vllm_architecture="A",
-        vllm_eagle3_supported=True,
-        nested=False,
-        text_config_key=None,
-        text_model_type="x",
-        num_layers=61,
-        hidden_size=7168,
-        vocab_size=163840,
-        num_attention_heads=64,
-        num_key_value_heads=64,
-        head_dim=192,
-        intermediate_size=18432,
-        attention="mla",
-        moe=True,
-        num_experts=384,
-        aux_layer_ids=[2, 30, 58],
-        aux_layer_ids_source="config",
-    )
-    base.update(kw)
-    return TargetSpec(**base)
+    return target_spec(**{**KIMI_FULL_SIZE, **kw})
 
 
 def test_draft_shape_is_not_inherited_from_an_mla_moe_target() -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from target_samples import LLAMA, target_spec
 
 from eagle3_pipeline.core.config import DraftShapeConfig
 from eagle3_pipeline.core.errors import ConfigError
@@ -67,30 +68,23 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def spec_of(target: Path, **changes: Any) -> TargetSpec:
-    spec = TargetSpec(
-        name="tiny",
-        model_type="llama",
-        architecture="LlamaForCausalLM",
-        vllm_architecture="LlamaForCausalLM",
-        vllm_eagle3_supported=True,
-        nested=False,
-        text_config_key=None,
-        text_model_type="llama",
-        num_layers=LAYERS,
-        hidden_size=HIDDEN,
-        vocab_size=VOCAB,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        intermediate_size=64,
-        attention="standard",
-        moe=False,
-        num_experts=0,
-        aux_layer_ids=list(AUX),
-        aux_layer_ids_source="adapter default",
-        path=str(target),
+    """The tiny llama target at ``target`` as the target stage records it."""
+    return target_spec(
+        **{
+            **LLAMA,
+            "name": "tiny",
+            "num_layers": LAYERS,
+            "hidden_size": HIDDEN,
+            "vocab_size": VOCAB,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 8,
+            "intermediate_size": 64,
+            "aux_layer_ids": list(AUX),
+            "path": str(target),
+            **changes,
+        }
     )
-    return replace(spec, **changes)
 
 
 def vocab_maps(draft_vocab: int) -> tuple[Any, Any]:

@@ -7,13 +7,14 @@ vLLM itself is a fake here (tests/serving/test_vllm_bf16.py serves the real one)
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from target_samples import LLAMA, target_spec
 
 from eagle3_pipeline.core.config import load_config
 from eagle3_pipeline.runtime.precision import Precision, write_precision
+from eagle3_pipeline.serving.result import VllmRun
 from eagle3_pipeline.validate.engines import pair, plan_engines, split
 from eagle3_pipeline.validate.view import ValidateInputs
 
@@ -132,7 +133,7 @@ class FakeVllm:
         # (name, concurrency, subset, labels)
         self.shapes: list[tuple[Any, ...]] = []
 
-    def __call__(self, python, engine, prompts, max_tokens, stops, log_path, **kw) -> dict:
+    def __call__(self, python, engine, prompts, max_tokens, stops, log_path, **kw) -> VllmRun:
         spec = engine.speculative_config
         k = spec.num_speculative_tokens if spec else None
         passes = list(kw.get("passes") or ())
@@ -167,7 +168,7 @@ class FakeVllm:
         run = {**one(tps, kw.get("subset")), "load_s": 1.0}
         if passes:
             run["passes"] = {p.name: one(tps * p.concurrency, p.subset) for p in passes}
-        return run
+        return VllmRun.parse(run, "the fake vLLM run")
 
 
 def _measure(tmp_path: Path, monkeypatch, chosen: Precision, *overrides: str):
@@ -194,16 +195,7 @@ def _measure_fake(tmp_path: Path, monkeypatch, chosen: Precision, *overrides: st
         f"vllm.log_dir={tmp_path / 'logs'}",
         *overrides,
     )
-    spec = SimpleNamespace(
-        path=str(tmp_path / "target"),
-        hub_id=None,
-        name="t",
-        attention="gqa",
-        rope_type="default",
-        max_position_embeddings=2048,
-        trust_remote_code=False,
-        revision=None,
-    )
+    spec = target_spec(**LLAMA, path=str(tmp_path / "target"), max_position_embeddings=2048)
     prompts = [
         EvalPrompt(id=f"p{i}", set="heldout", category=None, turn=1, messages=[], prompt_ids=[i])
         for i in range(3)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from eagle3_pipeline.serving.offline import Pass
+from eagle3_pipeline.serving.result import GenerationPass
 from eagle3_pipeline.validate.prompt_sets import EvalPrompt
 from eagle3_pipeline.validate.sweeps import (
     concurrency_figures,
@@ -25,13 +26,21 @@ def _counters(drafts: int, per_pos: list[int]) -> dict:
     }
 
 
-def _run(tps: float, outputs: list[list[int]], counters: dict | None = None) -> dict:
-    return {
-        "tokens_per_s": tps,
-        "outputs": outputs,
-        "counters": counters or {},
-        "generated_tokens": sum(len(o) for o in outputs),
-    }
+def _run(
+    tps: float,
+    outputs: list[list[int]],
+    counters: dict | None = None,
+    groups: dict[str, dict] | None = None,
+) -> GenerationPass:
+    generated = sum(len(o) for o in outputs)
+    return GenerationPass(
+        outputs=outputs,
+        generated_tokens=generated,
+        wall_s=generated / tps,
+        tokens_per_s=tps,
+        counters=counters or {},
+        group_counters=groups or {},
+    )
 
 
 def test_levels_above_the_prompts_decoded_are_skipped_and_one_is_the_single_stream():
@@ -118,8 +127,7 @@ def test_sampled_acceptance_per_set_sums_that_sets_labels():
         prompts[1].group: _counters(10, [3, 0]),
         prompts[2].group: _counters(4, [4, 4]),
     }
-    run = _run(5.0, [[1], [2], [3]], _counters(24, [12, 6]))
-    run["group_counters"] = groups
+    run = _run(5.0, [[1], [2], [3]], _counters(24, [12, 6]), groups)
     s = sampled_figures(run, 0.7, 0, prompts)
     assert (s.temperature, s.seed) == (0.7, 0)
     assert s.mean_acceptance_length == pytest.approx(1 + 18 / 24)
@@ -139,9 +147,8 @@ def test_the_report_states_temperature_k_and_concurrency_and_draws_the_plot():
         {1: _run(10.0, out), 4: _run(33.0, out)},
         skipped=[16],
     )
-    run = _run(5.0, [[1], [2]], _counters(10, [5]))
     prompt = EvalPrompt(id="a", set="mt_bench", category=None, turn=1, messages=[], prompt_ids=[1])
-    run["group_counters"] = {prompt.group: _counters(10, [5])}
+    run = _run(5.0, [[1], [2]], _counters(10, [5]), {prompt.group: _counters(10, [5])})
     sampled = sampled_figures(run, 0.7, 0, [prompt])
     v = compare(pool([], 1, 64), _run(12.0, out, _counters(10, [6])), _run(10.0, out), 1)
     v.sampled, v.concurrency = sampled, conc

@@ -21,6 +21,7 @@ from typing import Any
 
 from eagle3_pipeline.serving.engine import Engine
 from eagle3_pipeline.serving.env import worker_env
+from eagle3_pipeline.serving.result import VllmResultError, VllmRun
 from eagle3_pipeline.serving.server import cause
 
 log = logging.getLogger(__name__)
@@ -67,13 +68,13 @@ def run_offline(
     passes: Sequence[Pass] = (),
     concurrency: int = 1,
     subset: Sequence[int] | None = None,
-) -> dict[str, Any]:
+) -> VllmRun:
     """One prompt at a time (or ``concurrency`` in flight; over the prompts ``subset``
     lists, all when None), greedy unless ``temperature`` > 0 (then sampled; with ``seed``,
-    prompt i with seed + i, so a run repeats); returns the worker's result (outputs,
+    prompt i with seed + i, so a run repeats); returns the worker's result, parsed (outputs,
     counters, tokens/s, ``vllm_patches``; with ``labels``, one per prompt, the counters
-    summed per label too) plus ``run_s``, the whole process's wall time. Each of
-    ``passes`` decodes the prompts again on the same engine: ``result["passes"][name]``."""
+    summed per label too) with ``run_s``, the whole process's wall time. Each of
+    ``passes`` decodes the prompts again on the same engine: ``result.passes[name]``."""
     log_path = Path(log_file)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     job: dict[str, Any] = {
@@ -128,4 +129,7 @@ def run_offline(
             )
         result = json.loads(out_path.read_text(encoding="utf-8"))
     result["run_s"] = time.perf_counter() - t0
-    return result
+    try:
+        return VllmRun.parse(result, f"the vLLM worker's result (log {log_path})")
+    except VllmResultError as exc:
+        raise VllmRunError(str(exc)) from None

@@ -17,7 +17,7 @@ from eagle3_pipeline.core.metrics import write_details
 from eagle3_pipeline.stages.runner import run_stage
 from eagle3_pipeline.validate.live import write_live
 from eagle3_pipeline.validate.report import validation_files
-from eagle3_pipeline.validate.run import paths, validate_draft
+from eagle3_pipeline.validate.run import ValidatePaths, validate_draft
 from eagle3_pipeline.validate.view import ValidateInputs
 
 log = logging.getLogger(__name__)
@@ -26,17 +26,17 @@ INPUTS = ValidateInputs
 
 
 def run(cfg: ValidateInputs) -> None:
-    p = paths(cfg)
+    p = ValidatePaths.from_config(cfg)
     device, dtype = cfg.runtime()  # a config error leaves the last outputs in place
-    for stale in (p["metrics"], p["out"]):
+    for stale in (p.metrics, p.out):
         remove_path(stale)
     record, facts = validate_draft(cfg, device, dtype)
     files = validation_files(record, facts)
-    with atomic_dir(p["out"]) as tmp:
+    with atomic_dir(p.out) as tmp:
         for name, content in files.items():
             (tmp / name).write_bytes(content)
     write_details(cfg, record)
-    write_live(p["live"], record, files["acceptance.png"])
+    write_live(p.live, record, files["acceptance.png"])
     log.info(
         "acceptance length %.3f at K=%d (%d prompts, %d tokens, %d steps); lossless: %s",
         record.acceptance_length or 0.0,

@@ -40,10 +40,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from eagle3_pipeline.runtime.precision import Precision
 from eagle3_pipeline.serving.offline import Pass
+from eagle3_pipeline.serving.result import GenerationPass, VllmRun
 from eagle3_pipeline.validate.sweeps import baseline_passes, draft_passes
 
 SERVING_PREFIX = "serving_"  # the serving pair's engine names: serving_with_draft, ...
@@ -127,11 +127,10 @@ def plan_engines(
     ]
 
 
-def single_stream(plan: EnginePlan, run: dict[str, Any]) -> dict[str, Any]:
-    """The run of ``plan``'s engine that gives its single-stream speed: its main pass, or
+def single_stream(plan: EnginePlan, run: VllmRun) -> GenerationPass:
+    """The pass of ``plan``'s engine that gives its single-stream speed: its main pass, or
     the :data:`SINGLE` pass where the main pass is the proof's over every prompt."""
-    passes = run.get("passes") or {}
-    return passes[SINGLE] if any(p.name == SINGLE for p in plan.passes) else run
+    return run.passes[SINGLE] if any(p.name == SINGLE for p in plan.passes) else run
 
 
 def pair(plans: Sequence[EnginePlan], speed: bool) -> tuple[EnginePlan, EnginePlan]:

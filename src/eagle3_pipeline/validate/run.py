@@ -14,12 +14,13 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eagle3_pipeline.core.errors import StageError
 from eagle3_pipeline.core.metrics import details_path
 from eagle3_pipeline.core.portable import portable
 from eagle3_pipeline.runtime.precision import Precision
+from eagle3_pipeline.targets.adapter import TargetSpec
 from eagle3_pipeline.validate.acceptance import AcceptanceResult, Prompt
 from eagle3_pipeline.validate.by_set import figures_by_set, headline_by_set
 from eagle3_pipeline.validate.facts import DataFacts, DraftFacts, ReportFacts, TargetFacts
@@ -32,19 +33,37 @@ from eagle3_pipeline.validate.record import (
 )
 from eagle3_pipeline.validate.view import ValidateInputs
 
+if TYPE_CHECKING:  # types only: the vLLM side is imported where it runs
+    from eagle3_pipeline.serving.engine import Engine
+    from eagle3_pipeline.serving.offline import Pass
+    from eagle3_pipeline.serving.result import Counters, VllmRun
+    from eagle3_pipeline.validate.engines import EnginePlan
+
 log = logging.getLogger(__name__)
 
 
-def paths(cfg: ValidateInputs) -> dict[str, Path]:
-    paths = cfg.paths
-    return {
-        "target_json": Path(paths.target) / "target.json",
-        "draft": Path(paths.draft),
-        "prompts": Path(paths.heldout) / "prompts.jsonl",
-        "out": Path(paths.validate),
-        "metrics": details_path(cfg, "validate"),
-        "live": Path(paths.live) / "validate",
-    }
+@dataclass(frozen=True)
+class ValidatePaths:
+    """The files the stage reads and writes, from ``paths.*``."""
+
+    target_json: Path  # the target stage's record
+    draft: Path  # the trained draft (speculators format)
+    prompts: Path  # the held-out prompts prepare set aside
+    out: Path  # the report, model card and plots
+    metrics: Path  # the details record (metrics/details/validate.json)
+    live: Path  # dvclive's directory for this stage
+
+    @classmethod
+    def from_config(cls, cfg: ValidateInputs) -> ValidatePaths:
+        paths = cfg.paths
+        return cls(
+            target_json=Path(paths.target) / "target.json",
+            draft=Path(paths.draft),
+            prompts=Path(paths.heldout) / "prompts.jsonl",
+            out=Path(paths.validate),
+            metrics=details_path(cfg, "validate"),
+            live=Path(paths.live) / "validate",
+        )
 
 
 def draft_facts(draft_dir: Path) -> DraftFacts:
@@ -70,6 +89,14 @@ def draft_facts(draft_dir: Path) -> DraftFacts:
     return DraftFacts(shape=shape or None, vocab_size=conf.get("draft_vocab_size"))
 
 
+def target_dir(spec: TargetSpec) -> str:
+    """The target's local directory: the target stage always records one (a target.json
+    without it was not written by this pipeline's target stage)."""
+    if not spec.path:
+        raise StageError(f"target {spec.name}: target.json records no local path (rerun target)")
+    return spec.path
+
+
 def stop_token_ids(model_dir: str | Path) -> list[int]:
     from eagle3_pipeline.draft.shape import REASONING_MARKER_CANDIDATES, special_token_ids
 
@@ -93,7 +120,7 @@ class CheckpointVerdict:
     findings: list[str]  # warnings and errors, one line each
 
 
-def check_checkpoint(draft_dir: Path, spec: Any) -> CheckpointVerdict:
+def check_checkpoint(draft_dir: Path, spec: TargetSpec) -> CheckpointVerdict:
     """Refuse a checkpoint with errors (naming the first three); else its verdict."""
     from eagle3_pipeline.validate.checkpoint import validate_checkpoint
 
@@ -115,7 +142,7 @@ def check_checkpoint(draft_dir: Path, spec: Any) -> CheckpointVerdict:
     )
 
 
-def load_tokenizer(spec: Any) -> Any:
+def load_tokenizer(spec: TargetSpec) -> Any:
     """The target's tokenizer (it renders the benchmark prompts and MT-Bench's turn 2)."""
     from transformers import AutoTokenizer
 
@@ -126,7 +153,7 @@ def load_tokenizer(spec: Any) -> Any:
 
 def measure_acceptance(
     cfg: ValidateInputs,
-    spec: Any,
+    spec: TargetSpec,
     draft_dir: Path,
     prompts_path: Path,
     k: int,
@@ -148,10 +175,12 @@ def measure_acceptance(
     first = load_first_turns(
         names, prompts_path, tokenizer, v.num_prompts, cfg.seed, spec.vocab_size
     )
-    stops = stop_token_ids(spec.path)
+    stops = stop_token_ids(target_dir(spec))
     target = Target.load(spec, dtype, device, cfg.hardware.gpu_count)
     try:
-        model = load_trained_draft(draft_dir, spec.path, attn_implementation="sdpa", device=device)
+        model = load_trained_draft(
+            draft_dir, target_dir(spec), attn_implementation="sdpa", device=device
+        )
         draft = SpeculatorsDraft(model, device=target.device, dtype=getattr(torch, dtype))
 
         def decode(prompts: list[EvalPrompt]) -> list[Any]:
@@ -183,42 +212,48 @@ def measure_acceptance(
     return pool(results, k, v.max_new_tokens), prompts, results
 
 
-def measure_vllm(
+@dataclass(frozen=True)
+class VllmPlan:
+    """What the vLLM measurement will run, decided before any engine starts."""
+
+    ids: list[list[int]]  # every prompt decoded (first turns, then next turns)
+    labels: list[str]  # each prompt's group: vLLM's counters are summed per group
+    subset: tuple[int, ...] | None  # the prompts timed (validate.speed_prompts; None: all)
+    timed: int  # how many
+    levels: list[int]  # the concurrency levels above 1 measured
+    skipped: list[int]  # those left out: fewer timed prompts than requests in flight
+    counting: int  # requests in flight in the counting (sampled) pass
+    serving: Precision  # the speed figures' precision
+    plans: list[EnginePlan]  # each engine and its passes (validate/engines.py)
+    proof: tuple[EnginePlan, EnginePlan]  # with the draft, without it
+    speed: tuple[EnginePlan, EnginePlan]
+    engines: dict[str, Engine]  # by plan name
+    stops: list[int]  # the target's stop tokens
+    k_sweep: list[int]  # the further K each get an engine of their own (validate.k_sweep)
+
+    @property
+    def two_pairs(self) -> bool:
+        """The speed has engines of its own (another precision than the proof's)."""
+        return self.speed[0].name != self.proof[0].name
+
+
+def plan_vllm(
     cfg: ValidateInputs,
-    spec: Any,
+    spec: TargetSpec,
     draft_dir: Path,
     prompts: list[EvalPrompt],
     k: int,
     dtype: str,
-    ours: AcceptanceResult,
-) -> tuple[VllmFigures, dict[str, dict[str, Any]]]:
-    """Target + draft and target alone in real vLLM (see :mod:`eagle3_pipeline.validate.vllm`);
-    with vLLM's counters per prompt label of the greedy single-stream pass. ``dtype``: the
-    proof's; the speed figures are measured in :meth:`ValidateInputs.serving_precision`, on
-    engines of their own where it differs (:mod:`eagle3_pipeline.validate.engines`)."""
-    from eagle3_pipeline.serving.engine import build_engine, log_file
-    from eagle3_pipeline.serving.env import VllmEnvError, find_python
-    from eagle3_pipeline.serving.offline import VllmRunError, run_offline
-    from eagle3_pipeline.validate.engines import pair, plan_engines, single_stream
-    from eagle3_pipeline.validate.sweeps import (
-        SAMPLED,
-        concurrency_figures,
-        concurrency_plan,
-        level_name,
-        sampled_figures,
-        speed_subset,
-    )
-    from eagle3_pipeline.validate.vllm import (
-        VllmError,
-        compare,
-        k_sweep_figures,
-        run_served,
-        serving_greedy,
-    )
+) -> VllmPlan:
+    """The engines and passes of the measurement (``dtype``: the proof's precision; the
+    speed is measured in :meth:`ValidateInputs.serving_precision`, on engines of its own
+    where that differs: :mod:`eagle3_pipeline.validate.engines`)."""
+    from eagle3_pipeline.serving.engine import build_engine
+    from eagle3_pipeline.validate.engines import pair, plan_engines
+    from eagle3_pipeline.validate.sweeps import concurrency_plan, speed_subset
 
     v = cfg.validate
-    ids = [p.prompt_ids for p in prompts]
-    labels = [p.group for p in prompts]
+    ids = [list(p.prompt_ids) for p in prompts]
     subset = speed_subset(len(ids), v.speed_prompts)
     timed = len(ids) if subset is None else len(subset)
     levels, skipped = concurrency_plan(v.concurrency, timed)
@@ -234,25 +269,12 @@ def measure_vllm(
     serving = cfg.serving_precision()
     counting = v.counting_concurrency if v.vllm_mode == "offline" else v.server.concurrency
     plans = plan_engines(proof, serving, v.temperature, cfg.seed, levels, counting, subset)
-    proof_d, proof_p = pair(plans, speed=False)
-    speed_d, speed_p = pair(plans, speed=True)
-    two_pairs = speed_d.name != proof_d.name
-    if two_pairs:
-        log.info(
-            "vLLM: the proof (counters, losslessness) in %s, every speed figure in %s (%s): "
-            "a pair of engines each",
-            proof.dtype,
-            serving.dtype,
-            serving.why,
-        )
-    stops = stop_token_ids(spec.path)
-    model = spec.path or spec.hub_id
     seqs = max(v.concurrency)  # the engines admit the largest level measured
     engines = {
         p.name: build_engine(
             cfg,
             spec,
-            model,
+            target_dir(spec),
             "validate" if p.draft else "baseline",
             dtype=p.dtype,
             draft_dir=draft_dir if p.draft else None,
@@ -261,127 +283,234 @@ def measure_vllm(
         )
         for p in plans
     }
-    runs: dict[str, dict[str, Any]] = {}
-    try:
-        python = find_python(cfg.vllm.python)
-
-        def run(
-            name: str,
-            engine: Any,
-            extra: Sequence[Any] = (),
-            concurrency: int = 1,
-            chosen: tuple[int, ...] | None = None,
-        ) -> dict[str, Any]:
-            log_path = log_file(cfg, f"validate_{name}")
-            if v.vllm_mode == "offline":
-                res = run_offline(
-                    python,
-                    engine,
-                    ids,
-                    v.max_new_tokens,
-                    stops,
-                    log_path,
-                    timeout_s=cfg.vllm.startup_timeout_s + 3600 * (1 + len(extra)),
-                    labels=labels,
-                    passes=extra,
-                    concurrency=concurrency,
-                    subset=chosen,
-                )
-            else:  # the served main pass keeps validate.server.concurrency
-                res = run_served(
-                    python,
-                    engine,
-                    v.server.port,
-                    ids,
-                    v.max_new_tokens,
-                    stops,
-                    log_path,
-                    cfg.vllm.startup_timeout_s,
-                    cfg.vllm.shutdown_timeout_s,
-                    v.server.concurrency,
-                    labels=labels,
-                    passes=extra,
-                    subset=chosen,
-                )
-            log.info(
-                "vLLM %s (%s): %d tokens at %.1f tokens/s (engine ready in %.0f s)",
-                name,
-                engine.dtype,
-                res["generated_tokens"],
-                res["tokens_per_s"] or 0.0,
-                res.get("load_s") or 0.0,
-            )
-            for pname, pres in (res.get("passes") or {}).items():
-                log.info(
-                    "vLLM %s (%s), pass %s: %d tokens at %.1f tokens/s",
-                    name,
-                    engine.dtype,
-                    pname,
-                    pres["generated_tokens"],
-                    pres["tokens_per_s"] or 0.0,
-                )
-            return res
-
-        for p in plans:
-            runs[p.name] = run(p.name, engines[p.name], p.passes, p.concurrency, p.subset)
-        # the single-stream runs the speed comes from (a pass of their own over
-        # validate.speed_prompts where the main pass is also the proof over every prompt)
-        with_draft = {
-            **single_stream(speed_d, runs[speed_d.name]),
-            "load_s": runs[speed_d.name].get("load_s"),
-        }
-        without_draft = {
-            **single_stream(speed_p, runs[speed_p.name]),
-            "load_s": runs[speed_p.name].get("load_s"),
-        }
-        out = compare(ours, runs[proof_d.name], runs[proof_p.name], k, (with_draft, without_draft))
-        if two_pairs:
-            out.serving_greedy = serving_greedy(with_draft, without_draft)
-        groups: dict[str, dict[str, Any]] = runs[proof_d.name].get("group_counters", {})
-        done_d = runs[speed_d.name].get("passes") or {}
-        done_p = runs[speed_p.name].get("passes") or {}
-        if v.temperature is not None:
-            out.sampled = sampled_figures(
-                done_d[SAMPLED], v.temperature, cfg.seed, prompts, concurrency=counting
-            )
-        out.concurrency = concurrency_figures(
-            {1: with_draft, **{c: done_d[level_name(c)] for c in levels}},
-            {1: without_draft, **{c: done_p[level_name(c)] for c in levels}},
-            skipped,
+    plan = VllmPlan(
+        ids=ids,
+        labels=[p.group for p in prompts],
+        subset=subset,
+        timed=timed,
+        levels=list(levels),
+        skipped=list(skipped),
+        counting=counting,
+        serving=serving,
+        plans=list(plans),
+        proof=pair(plans, speed=False),
+        speed=pair(plans, speed=True),
+        engines=engines,
+        stops=stop_token_ids(target_dir(spec)),
+        k_sweep=sorted(set(v.k_sweep or ()) - {k}),
+    )
+    if plan.two_pairs:
+        log.info(
+            "vLLM: the proof (counters, losslessness) in %s, every speed figure in %s (%s): "
+            "a pair of engines each",
+            proof.dtype,
+            serving.dtype,
+            serving.why,
         )
-        if v.k_sweep:  # the same draft at each K; the same run without it as the baseline
-            sweep = {k: with_draft}
-            for kk in sorted(set(v.k_sweep) - {k}):
-                sweep[kk] = run(
-                    f"k{kk}",
-                    build_engine(
-                        cfg, spec, model, "validate", dtype=speed_d.dtype, draft_dir=draft_dir, k=kk
-                    ),
-                    chosen=subset,  # the single stream's prompts
-                )
-            out.k_sweep, best = k_sweep_figures(sweep, without_draft)
-            out.best_k = None if best is None else best.k
-            out.best_k_speedup = None if best is None else best.speedup
-    except (VllmEnvError, VllmRunError, VllmError, OSError) as exc:
-        raise StageError(f"vLLM validation failed: {exc}") from None
+    return plan
+
+
+@dataclass(frozen=True)
+class VllmRuns:
+    """What the engines gave back."""
+
+    by_engine: dict[str, VllmRun]  # by plan name
+    k_sweep: dict[int, VllmRun]  # the draft at each further K, over the timed prompts
+
+
+def run_vllm(cfg: ValidateInputs, spec: TargetSpec, draft_dir: Path, plan: VllmPlan) -> VllmRuns:
+    """Run every engine of ``plan`` (offline or served, per ``validate.vllm_mode``)."""
+    from eagle3_pipeline.serving.engine import build_engine
+    from eagle3_pipeline.serving.env import find_python
+
+    python = find_python(cfg.vllm.python)
+    by_engine = {
+        p.name: _run_engine(
+            cfg, python, plan, p.name, plan.engines[p.name], p.passes, p.concurrency, p.subset
+        )
+        for p in plan.plans
+    }
+    speed_dtype = plan.speed[0].dtype
+    k_sweep = {
+        kk: _run_engine(
+            cfg,
+            python,
+            plan,
+            f"k{kk}",
+            build_engine(
+                cfg,
+                spec,
+                target_dir(spec),
+                "validate",
+                dtype=speed_dtype,
+                draft_dir=draft_dir,
+                k=kk,
+            ),
+            chosen=plan.subset,  # the single stream's prompts
+        )
+        for kk in plan.k_sweep
+    }
+    return VllmRuns(by_engine=by_engine, k_sweep=k_sweep)
+
+
+def _run_engine(
+    cfg: ValidateInputs,
+    python: str | Path,
+    plan: VllmPlan,
+    name: str,
+    engine: Engine,
+    extra: Sequence[Pass] = (),
+    concurrency: int = 1,
+    chosen: tuple[int, ...] | None = None,
+) -> VllmRun:
+    from eagle3_pipeline.serving.engine import log_file
+    from eagle3_pipeline.serving.offline import run_offline
+    from eagle3_pipeline.validate.vllm import run_served
+
+    v = cfg.validate
+    log_path = log_file(cfg, f"validate_{name}")
+    if v.vllm_mode == "offline":
+        res = run_offline(
+            python,
+            engine,
+            plan.ids,
+            v.max_new_tokens,
+            plan.stops,
+            log_path,
+            timeout_s=cfg.vllm.startup_timeout_s + 3600 * (1 + len(extra)),
+            labels=plan.labels,
+            passes=extra,
+            concurrency=concurrency,
+            subset=chosen,
+        )
+    else:  # the served main pass keeps validate.server.concurrency
+        res = run_served(
+            python,
+            engine,
+            v.server.port,
+            plan.ids,
+            v.max_new_tokens,
+            plan.stops,
+            log_path,
+            cfg.vllm.startup_timeout_s,
+            cfg.vllm.shutdown_timeout_s,
+            v.server.concurrency,
+            labels=plan.labels,
+            passes=extra,
+            subset=chosen,
+        )
+    log.info(
+        "vLLM %s (%s): %d tokens at %.1f tokens/s (engine ready in %.0f s)",
+        name,
+        engine.dtype,
+        res.generated_tokens,
+        res.tokens_per_s or 0.0,
+        res.load_s or 0.0,
+    )
+    for pname, pres in res.passes.items():
+        log.info(
+            "vLLM %s (%s), pass %s: %d tokens at %.1f tokens/s",
+            name,
+            engine.dtype,
+            pname,
+            pres.generated_tokens,
+            pres.tokens_per_s or 0.0,
+        )
+    return res
+
+
+def assemble_vllm(
+    cfg: ValidateInputs,
+    plan: VllmPlan,
+    runs: VllmRuns,
+    prompts: list[EvalPrompt],
+    k: int,
+    dtype: str,
+    ours: AcceptanceResult,
+) -> tuple[VllmFigures, dict[str, Counters]]:
+    """vLLM's figures from the runs, beside ``ours``; with vLLM's counters per prompt label
+    of the greedy single-stream (proof) pass."""
+    from eagle3_pipeline.validate.engines import single_stream
+    from eagle3_pipeline.validate.record import EnginePair
+    from eagle3_pipeline.validate.sweeps import (
+        SAMPLED,
+        concurrency_figures,
+        level_name,
+        sampled_figures,
+    )
+    from eagle3_pipeline.validate.vllm import compare, k_sweep_figures, serving_greedy
+
+    v = cfg.validate
+    (proof_d, proof_p), (speed_d, speed_p) = plan.proof, plan.speed
+    run_d, run_p = runs.by_engine[speed_d.name], runs.by_engine[speed_p.name]
+    # the single-stream passes the speed comes from (a pass of their own over
+    # validate.speed_prompts where the main pass is also the proof over every prompt)
+    with_draft, without_draft = single_stream(speed_d, run_d), single_stream(speed_p, run_p)
+    out = compare(
+        ours,
+        runs.by_engine[proof_d.name],
+        runs.by_engine[proof_p.name],
+        k,
+        (with_draft, without_draft),
+        EnginePair(run_d.load_s, run_p.load_s),
+    )
+    if plan.two_pairs:
+        out.serving_greedy = serving_greedy(with_draft, without_draft)
+    if v.temperature is not None:
+        out.sampled = sampled_figures(
+            run_d.passes[SAMPLED], v.temperature, cfg.seed, prompts, concurrency=plan.counting
+        )
+    out.concurrency = concurrency_figures(
+        {1: with_draft, **{c: run_d.passes[level_name(c)] for c in plan.levels}},
+        {1: without_draft, **{c: run_p.passes[level_name(c)] for c in plan.levels}},
+        plan.skipped,
+    )
+    if v.k_sweep:  # the same draft at each K; the same run without it as the baseline
+        out.k_sweep, best = k_sweep_figures({k: with_draft, **runs.k_sweep}, without_draft)
+        out.best_k = None if best is None else best.k
+        out.best_k_speedup = None if best is None else best.speedup
     out.mode = str(v.vllm_mode)
     # requests in flight in the proof's pass (the served path runs every pass it starts
     # at validate.server.concurrency)
-    out.proof_concurrency = proof_d.concurrency if v.vllm_mode == "offline" else counting
-    out.speed_prompts = timed
+    out.proof_concurrency = proof_d.concurrency if v.vllm_mode == "offline" else plan.counting
+    out.speed_prompts = plan.timed
     out.dtype = dtype
-    out.serving_dtype, out.serving_dtype_why = speed_d.dtype, serving.why
-    out.commands = {name: portable(e.shell(v.server.port)) for name, e in engines.items()}
+    out.serving_dtype, out.serving_dtype_why = speed_d.dtype, plan.serving.why
+    out.commands = {name: portable(e.shell(v.server.port)) for name, e in plan.engines.items()}
     out.workarounds = {
         name: EngineWorkaround(
             env=dict(e.env),
             compilation_config=e.compilation_config,
             # what our vLLM plugins patched in that engine (offline mode reports it)
-            patches=runs[name].get("vllm_patches"),
+            patches=runs.by_engine[name].vllm_patches,
         )
-        for name, e in engines.items()
+        for name, e in plan.engines.items()
     }
-    return out, groups
+    return out, runs.by_engine[proof_d.name].group_counters
+
+
+def measure_vllm(
+    cfg: ValidateInputs,
+    spec: TargetSpec,
+    draft_dir: Path,
+    prompts: list[EvalPrompt],
+    k: int,
+    dtype: str,
+    ours: AcceptanceResult,
+) -> tuple[VllmFigures, dict[str, Counters]]:
+    """Target + draft and target alone in real vLLM (see :mod:`eagle3_pipeline.validate.vllm`):
+    plan the engines, run them, assemble the figures; a failure of any is one
+    :class:`StageError` line."""
+    from eagle3_pipeline.serving.env import VllmEnvError
+    from eagle3_pipeline.serving.offline import VllmRunError
+    from eagle3_pipeline.validate.vllm import VllmError
+
+    try:
+        plan = plan_vllm(cfg, spec, draft_dir, prompts, k, dtype)
+        runs = run_vllm(cfg, spec, draft_dir, plan)
+        return assemble_vllm(cfg, plan, runs, prompts, k, dtype, ours)
+    except (VllmEnvError, VllmRunError, VllmError, OSError) as exc:
+        raise StageError(f"vLLM validation failed: {exc}") from None
 
 
 def check_vllm_agreement(vllm: VllmFigures, dtype: str, cfg: ValidateInputs) -> None:
@@ -432,23 +561,21 @@ def validate_draft(
     from eagle3_pipeline.targets.adapter import load_target_spec
     from eagle3_pipeline.validate.report import PACKAGES
 
-    p = paths(cfg)
-    if not p["target_json"].is_file():
-        raise FileNotFoundError(f"{p['target_json']}: not found (run the target stage)")
-    if not (p["draft"] / "config.json").is_file():
-        raise FileNotFoundError(f"{p['draft']}/config.json: not found (run the train stage)")
-    spec = load_target_spec(p["target_json"])
+    p = ValidatePaths.from_config(cfg)
+    if not p.target_json.is_file():
+        raise FileNotFoundError(f"{p.target_json}: not found (run the target stage)")
+    if not (p.draft / "config.json").is_file():
+        raise FileNotFoundError(f"{p.draft}/config.json: not found (run the train stage)")
+    spec = load_target_spec(p.target_json)
 
-    checkpoint = check_checkpoint(p["draft"], spec)
+    checkpoint = check_checkpoint(p.draft, spec)
     k = cfg.validate.k or checkpoint.speculative_tokens
     if not k:
         raise StageError(
-            f"{p['draft']}/config.json: no speculative_tokens, and validate.k is not set "
+            f"{p.draft}/config.json: no speculative_tokens, and validate.k is not set "
             "(set -S validate.k=3, or retrain)"
         )
-    acc, prompts, results = measure_acceptance(
-        cfg, spec, p["draft"], p["prompts"], k, device, dtype
-    )
+    acc, prompts, results = measure_acceptance(cfg, spec, p.draft, p.prompts, k, device, dtype)
     if acc.lossless is False and dtype == "float32" and cfg.validate.require_lossless:
         d = acc.divergences[0]
         raise StageError(
@@ -457,9 +584,9 @@ def validate_draft(
             f"{d.position}, top-2 margin {d.top2_margin}): a decoding bug"
         )
     vllm: VllmFigures | None = None
-    groups: dict[str, dict[str, Any]] | None = None
+    groups: dict[str, Counters] | None = None
     if cfg.validate.vllm:
-        vllm, groups = measure_vllm(cfg, spec, p["draft"], prompts, k, dtype, acc)
+        vllm, groups = measure_vllm(cfg, spec, p.draft, prompts, k, dtype, acc)
         log.info(
             "vLLM: acceptance length %s (ours %s), lossless %s in %s; %.1f -> %.1f tokens/s "
             "(speedup %.2fx) in %s",
@@ -520,7 +647,7 @@ def validate_draft(
     if vllm is not None:
         set_vllm_headline(record, vllm, benchmarks)
     facts = ReportFacts(
-        draft_dir=str(p["draft"]),
+        draft_dir=str(p.draft),
         target=TargetFacts(
             id=spec.hub_id or f"{spec.name} (local: {spec.path})",
             name=spec.name,
@@ -536,7 +663,7 @@ def validate_draft(
             regenerate=cfg.data.regenerate,
             samples=cfg.train.samples,
         ),
-        draft=draft_facts(p["draft"]),
+        draft=draft_facts(p.draft),
         serve_command=checkpoint.serve_command,
         findings=checkpoint.findings,
         seed=cfg.seed,

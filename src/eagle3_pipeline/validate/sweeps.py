@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
 
 from eagle3_pipeline.serving.offline import Pass
+from eagle3_pipeline.serving.result import GenerationPass
 from eagle3_pipeline.validate.by_set import vllm_by_set
 from eagle3_pipeline.validate.prompt_sets import EvalPrompt
 from eagle3_pipeline.validate.record import ConcurrencyFigures, ConcurrencyLevel, SampledFigures
@@ -71,7 +71,7 @@ def baseline_passes(levels: Sequence[int], subset: tuple[int, ...] | None = None
 
 
 def sampled_figures(
-    run: dict[str, Any],
+    run: GenerationPass,
     temperature: float,
     seed: int,
     prompts: Sequence[EvalPrompt],
@@ -80,19 +80,19 @@ def sampled_figures(
     """vLLM's acceptance at ``temperature``, pooled and per prompt set (the pass ran
     ``concurrency`` requests in flight, one label at a time)."""
     return SampledFigures(
-        **vars(acceptance_figures(run["counters"])),
+        **vars(acceptance_figures(run.counters)),
         temperature=temperature,
         seed=seed,
-        sets=vllm_by_set(prompts, run.get("group_counters", {})),
-        generated_tokens=run["generated_tokens"],
-        tokens_per_s=run.get("tokens_per_s"),
+        sets=vllm_by_set(prompts, run.group_counters),
+        generated_tokens=run.generated_tokens,
+        tokens_per_s=run.tokens_per_s,
         concurrency=concurrency,
     )
 
 
 def concurrency_figures(
-    with_draft: dict[int, dict[str, Any]],
-    without_draft: dict[int, dict[str, Any]],
+    with_draft: dict[int, GenerationPass],
+    without_draft: dict[int, GenerationPass],
     skipped: Sequence[int] = (),
 ) -> ConcurrencyFigures:
     """Per level: output tokens/s with and without the draft, the speedup, vLLM's
@@ -103,16 +103,16 @@ def concurrency_figures(
     rows = []
     for c in sorted(with_draft):
         d, b = with_draft[c], without_draft[c]
-        tps_d, tps_b = d.get("tokens_per_s"), b.get("tokens_per_s")
+        tps_d, tps_b = d.tokens_per_s, b.tokens_per_s
         rows.append(
             ConcurrencyLevel(
                 concurrency=c,
                 tokens_per_s_with_draft=tps_d,
                 tokens_per_s_without_draft=tps_b,
                 speedup=tps_d / tps_b if tps_d and tps_b else None,
-                acceptance_length=acceptance_figures(d["counters"]).mean_acceptance_length,
-                same_outputs=d["outputs"] == b["outputs"],
-                generated_tokens=d["generated_tokens"],
+                acceptance_length=acceptance_figures(d.counters).mean_acceptance_length,
+                same_outputs=d.outputs == b.outputs,
+                generated_tokens=d.generated_tokens,
             )
         )
     losing = [r.concurrency for r in rows if r.speedup is not None and r.speedup < 1]

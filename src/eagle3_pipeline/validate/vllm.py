@@ -38,6 +38,7 @@ from eagle3_pipeline.serving.counters import (
 )
 from eagle3_pipeline.serving.engine import Engine
 from eagle3_pipeline.serving.offline import Pass
+from eagle3_pipeline.serving.result import GenerationPass, VllmResultError, VllmRun
 from eagle3_pipeline.serving.server import engine_server
 from eagle3_pipeline.validate.acceptance import AcceptanceResult
 from eagle3_pipeline.validate.record import (
@@ -121,11 +122,11 @@ def run_served(
     labels: Sequence[str] | None = None,
     passes: Sequence[Pass] = (),
     subset: Sequence[int] | None = None,
-) -> dict[str, Any]:
+) -> VllmRun:
     """The same measurement as :mod:`eagle3_pipeline.serving.worker`, through ``vllm serve``.
     With ``labels`` (one per prompt) the prompts of one label run together, ``concurrency``
     at a time, and ``/metrics`` is read between labels: ``group_counters`` per label.
-    ``passes`` decode the prompts again on the same server (``result["passes"][name]``).
+    ``passes`` decode the prompts again on the same server (``result.passes[name]``).
     ``subset`` (and a pass's own): the prompt indices decoded, in that order (None: all)."""
     from openai import OpenAI
 
@@ -223,39 +224,45 @@ def run_served(
             name: {**run, **({"concurrency": p.concurrency} if p.concurrency > 1 else {})}
             for p, (name, run) in zip(passes, done.items(), strict=True)
         }
-    return {**result, "load_s": load_s, "run_s": time.perf_counter() - t0}
+    result = {**result, "load_s": load_s, "run_s": time.perf_counter() - t0}
+    try:
+        return VllmRun.parse(result, f"the vLLM server's results (log {log_file})")
+    except VllmResultError as exc:
+        raise VllmError(str(exc)) from None
 
 
 # --------------------------------------------------------------------------- verdict
 
 
-def differing(draft_run: dict[str, Any], plain_run: dict[str, Any]) -> list[int]:
+def differing(draft_run: GenerationPass, plain_run: GenerationPass) -> list[int]:
     """The prompts whose greedy output with the draft is not the output without it."""
     return [
         i
-        for i, (a, b) in enumerate(zip(draft_run["outputs"], plain_run["outputs"], strict=True))
+        for i, (a, b) in enumerate(zip(draft_run.outputs, plain_run.outputs, strict=True))
         if a != b
     ]
 
 
 def compare(
     ours: AcceptanceResult,
-    draft_run: dict[str, Any],
-    plain_run: dict[str, Any],
+    draft_run: GenerationPass,
+    plain_run: GenerationPass,
     k: int,
-    speed: tuple[dict[str, Any], dict[str, Any]] | None = None,
+    speed: tuple[GenerationPass, GenerationPass] | None = None,
+    load_s: EnginePair | None = None,
 ) -> VllmFigures:
     """vLLM's figures beside ours: acceptance, losslessness (from the proof's runs
-    ``draft_run``/``plain_run``), speedup (from ``speed``'s runs, with and without the
-    draft, where the speed has engines of its own: validate/engines.py; else the proof's)."""
-    if not draft_run["counters"]:
+    ``draft_run``/``plain_run``), speedup (from ``speed``'s passes, with and without the
+    draft, where the speed has engines of its own: validate/engines.py; else the proof's);
+    ``load_s``: the speed engines' start times."""
+    if not draft_run.counters:
         raise VllmError("vLLM reported no spec-decode counters: the draft was not used")
-    fig = acceptance_figures(draft_run["counters"])
+    fig = acceptance_figures(draft_run.counters)
     mismatched = differing(draft_run, plain_run)
     ours_len = ours.vllm_style_acceptance_length
     vllm_len = fig.mean_acceptance_length
     speed_d, speed_p = speed or (draft_run, plain_run)
-    tps_d, tps_p = speed_d.get("tokens_per_s"), speed_p.get("tokens_per_s")
+    tps_d, tps_p = speed_d.tokens_per_s, speed_p.tokens_per_s
     return VllmFigures(
         **vars(fig),
         k=k,
@@ -266,43 +273,43 @@ def compare(
             None if ours_len is None or vllm_len is None else vllm_len - ours_len
         ),
         lossless=not mismatched,
-        lossless_prompts=len(draft_run["outputs"]) - len(mismatched),
-        prompts=len(draft_run["outputs"]),
+        lossless_prompts=len(draft_run.outputs) - len(mismatched),
+        prompts=len(draft_run.outputs),
         differing_prompts=mismatched,
-        generated_tokens=draft_run["generated_tokens"],
+        generated_tokens=draft_run.generated_tokens,
         tokens_per_s_with_draft=tps_d,
         tokens_per_s_without_draft=tps_p,
         speedup=tps_d / tps_p if tps_d and tps_p else None,
-        engine_load_s=EnginePair(speed_d.get("load_s"), speed_p.get("load_s")),
+        engine_load_s=load_s or EnginePair(None, None),
         # the generation passes the tokens/s are measured over (engine load excluded)
-        wall_s=EnginePair(speed_d.get("wall_s"), speed_p.get("wall_s")),
+        wall_s=EnginePair(speed_d.wall_s, speed_p.wall_s),
     )
 
 
-def serving_greedy(draft_run: dict[str, Any], plain_run: dict[str, Any]) -> ServingGreedy:
+def serving_greedy(draft_run: GenerationPass, plain_run: GenerationPass) -> ServingGreedy:
     """The serving pair's greedy single stream (its own precision): vLLM's acceptance and
     losslessness there, reported beside the proof's, never judged."""
-    if not draft_run["counters"]:
+    if not draft_run.counters:
         raise VllmError("vLLM reported no spec-decode counters: the draft was not used")
     mismatched = differing(draft_run, plain_run)
     return ServingGreedy(
-        **vars(acceptance_figures(draft_run["counters"])),
+        **vars(acceptance_figures(draft_run.counters)),
         lossless=not mismatched,
-        lossless_prompts=len(draft_run["outputs"]) - len(mismatched),
-        generated_tokens=draft_run["generated_tokens"],
+        lossless_prompts=len(draft_run.outputs) - len(mismatched),
+        generated_tokens=draft_run.generated_tokens,
     )
 
 
 def k_sweep_figures(
-    runs: dict[int, dict[str, Any]], plain_run: dict[str, Any]
+    runs: dict[int, GenerationPass], plain_run: GenerationPass
 ) -> tuple[list[KSweepRow], KSweepRow | None]:
     """Per K: vLLM's acceptance length, single-stream tokens/s and speedup over the same
     run without the draft; and the row of the K with the best speedup (``validate.k_sweep``)."""
-    base = plain_run.get("tokens_per_s")
+    base = plain_run.tokens_per_s
     rows = []
     for k, run in sorted(runs.items()):
-        fig = acceptance_figures(run["counters"])
-        tps = run.get("tokens_per_s")
+        fig = acceptance_figures(run.counters)
+        tps = run.tokens_per_s
         rows.append(
             KSweepRow(
                 k=k,
@@ -310,7 +317,7 @@ def k_sweep_figures(
                 per_position_rate=fig.per_position_rate,
                 tokens_per_s=tps,
                 speedup=tps / base if tps and base else None,
-                lossless=run["outputs"] == plain_run["outputs"],
+                lossless=run.outputs == plain_run.outputs,
             )
         )
     best = max(
