@@ -263,7 +263,7 @@ def check_validate(ctx: Context) -> list[str]:
     heldout = ctx.path("heldout") / "prompts.jsonl"
     n = sum(1 for line in heldout.read_text(encoding="utf-8").splitlines() if line.strip())
     want = min(n, e.num_prompts or n)
-    expect(rec.prompts == want > 0, f"{rec.prompts} prompts decoded, expected {want}")
+    expect(rec.ours.prompts == want > 0, f"{rec.ours.prompts} prompts decoded, expected {want}")
     a = rec.acceptance_length
     expect(a is not None and math.isfinite(a), f"acceptance length {a}: not measured")
     # above 1: the draft the trainer saved loads and proposes tokens the target accepts
@@ -271,8 +271,8 @@ def check_validate(ctx: Context) -> list[str]:
         a is not None and a > 1.0,
         f"acceptance length {a}: the target accepted none of the draft's tokens",
     )
-    expect(rec.tokens > 0 and rec.verification_steps > 0, f"{rec.tokens} tokens generated")
-    expect(rec.vllm_acceptance_length is None, "vLLM ran: validate.vllm=false was not honoured")
+    expect(rec.ours.tokens > 0 and rec.ours.steps > 0, f"{rec.ours.tokens} tokens generated")
+    expect(rec.vllm is None, "vLLM ran: validate.vllm=false was not honoured")
     if rec.dtype == "float32":  # exact arithmetic: the stage itself fails otherwise
         expect(rec.lossless is True, f"not lossless in float32: {rec.divergences[:1]}")
     else:
@@ -283,8 +283,8 @@ def check_validate(ctx: Context) -> list[str]:
     expect(report.is_file(), f"{report} not written")
     return [
         f"our evaluator on {rec.device} in {rec.dtype}: acceptance length {a:.3f} at K={rec.k} "
-        f"over {rec.prompts} prompts ({rec.tokens} tokens), lossless {rec.lossless_prompts}/"
-        f"{rec.prompts}"
+        f"over {rec.ours.prompts} prompts ({rec.ours.tokens} tokens), lossless "
+        f"{rec.lossless_prompts}/{rec.ours.prompts}"
     ]
 
 

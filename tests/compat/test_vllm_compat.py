@@ -327,7 +327,7 @@ def test_sampling_at_temperature_accepts_draft_tokens_in_vllm(tiny_target: Path,
     one OpenMP thread (the suite's two workers); with two threads it stayed above 2.5."""
     import shutil
 
-    from test_acceptance import make_setup, train_draft
+    from acceptance_setup import make_setup, train_draft
     from workdirs import make_workdir
 
     from eagle3_pipeline.core.config import load_config

@@ -568,7 +568,7 @@ def test_dvclive_summaries_are_the_records_headline(tmp_path: Path) -> None:
     points = json.loads(
         (tmp_path / "validate/plots/custom/acceptance_per_position.json").read_text()
     )
-    assert [p["acceptance"] for p in points] == v.per_position_rate
+    assert [p["acceptance"] for p in points] == v.ours.per_position_rate
     summary = write_summary(tmp_path / "train", train_record(tokens_per_s=1234.5))
     assert summary["tokens_per_s"] == 1234.5
 

@@ -126,18 +126,24 @@ def test_repro_end_to_end_then_cached_then_train_only_change(repo_copy: Path):
     assert summary["val"]["loss"] == trained["val_loss"] and summary["step"] == trained["steps"]
     # our figure is the one its per-position counts give, and the trained draft buys
     # tokens (2.6 with this reduced config; an untrained draft scores about 1)
-    steps, per_pos = validate["verification_steps"], validate["accepted_per_pos"]
-    assert validate["vllm_style_acceptance_length"] == pytest.approx(1 + sum(per_pos) / steps)
-    assert validate["per_position_rate"] == pytest.approx([c / steps for c in per_pos])
-    assert 1.5 < validate["acceptance_length"] <= validate["vllm_style_acceptance_length"] + 1e-9
+    steps, per_pos = validate["ours"]["steps"], validate["ours"]["accepted_per_pos"]
+    assert validate["ours"]["vllm_style_acceptance_length"] == pytest.approx(
+        1 + sum(per_pos) / steps
+    )
+    assert validate["ours"]["per_position_rate"] == pytest.approx([c / steps for c in per_pos])
+    assert (
+        1.5
+        < validate["acceptance_length"]
+        <= validate["ours"]["vllm_style_acceptance_length"] + 1e-9
+    )
     # the trained draft in real vLLM: its counters give our figure, and it is lossless
     tol = yaml.safe_load((repo_copy / "params.yaml").read_text())["validate"]["vllm_agreement_tol"]
-    assert validate["vllm_acceptance_length"] == pytest.approx(
-        validate["vllm_style_acceptance_length"], abs=tol
+    assert validate["vllm"]["mean_acceptance_length"] == pytest.approx(
+        validate["ours"]["vllm_style_acceptance_length"], abs=tol
     )
-    assert validate["vllm_lossless"] is True
+    assert validate["vllm"]["lossless"] is True
     assert validate["vllm_speedup"] == pytest.approx(
-        validate["vllm_tokens_per_s_with_draft"] / validate["vllm_tokens_per_s_without_draft"]
+        validate["vllm"]["tokens_per_s_with_draft"] / validate["vllm"]["tokens_per_s_without_draft"]
     )
     assert json.loads((repo_copy / "metrics/details/preflight.json").read_text())["passed"] is True
 
@@ -258,13 +264,19 @@ def test_tiny_llama_runs_the_whole_graph(repo_copy: Path):
     assert lock["target"]["params"]["params.yaml"]["model.name"] == "tiny_llama"
     validate = json.loads((repo_copy / "metrics/details/validate.json").read_text())
     # the tiny Llama's reduced draft learns less (measured 1.44; an untrained one scores 1.0)
-    steps, per_pos = validate["verification_steps"], validate["accepted_per_pos"]
-    assert validate["vllm_style_acceptance_length"] == pytest.approx(1 + sum(per_pos) / steps)
-    assert 1.2 < validate["acceptance_length"] <= validate["vllm_style_acceptance_length"] + 1e-9
+    steps, per_pos = validate["ours"]["steps"], validate["ours"]["accepted_per_pos"]
+    assert validate["ours"]["vllm_style_acceptance_length"] == pytest.approx(
+        1 + sum(per_pos) / steps
+    )
+    assert (
+        1.2
+        < validate["acceptance_length"]
+        <= validate["ours"]["vllm_style_acceptance_length"] + 1e-9
+    )
     # a plain Llama target + draft in vLLM too: no MLA, so no workaround
     tol = yaml.safe_load((repo_copy / "params.yaml").read_text())["validate"]["vllm_agreement_tol"]
-    assert validate["vllm_acceptance_length"] == pytest.approx(
-        validate["vllm_style_acceptance_length"], abs=tol
+    assert validate["vllm"]["mean_acceptance_length"] == pytest.approx(
+        validate["ours"]["vllm_style_acceptance_length"], abs=tol
     )
     assert "VLLM_MLA_DISABLE" not in validate["vllm"]["workarounds"]["with_draft"]["env"]
 

@@ -115,15 +115,17 @@ def test_real_model_runs_the_graph_and_vllm_agrees_with_us(real_run):
     # vLLM loaded the draft and its spec-decode counters give our figure, per position too
     tol = yaml.safe_load((root / "params.yaml").read_text())["validate"]["vllm_agreement_tol"]
     assert v["checkpoint_errors"] == 0
-    assert v["vllm_acceptance_length"] == pytest.approx(v["vllm_style_acceptance_length"], abs=tol)
-    assert v["vllm_per_position_rate"] == pytest.approx(v["per_position_rate"], abs=tol)
-    assert v["vllm_lossless"] is True and v["lossless"] is True
+    assert v["vllm"]["mean_acceptance_length"] == pytest.approx(
+        v["ours"]["vllm_style_acceptance_length"], abs=tol
+    )
+    assert v["vllm"]["per_position_rate"] == pytest.approx(v["ours"]["per_position_rate"], abs=tol)
+    assert v["vllm"]["lossless"] is True and v["lossless"] is True
     # the speedup is what the two measured rates give, each from its own vLLM engine
     assert v["vllm_speedup"] == pytest.approx(
-        v["vllm_tokens_per_s_with_draft"] / v["vllm_tokens_per_s_without_draft"]
+        v["vllm"]["tokens_per_s_with_draft"] / v["vllm"]["tokens_per_s_without_draft"]
     )
     # two held-out conversations, two MT-Bench questions (two turns each), two problems
-    assert v["prompts"] == 8
+    assert v["ours"]["prompts"] == 8
     sets = v["sets"]
     assert [sets[s]["ours"]["prompts"] for s in ("heldout", "mt_bench", "humaneval")] == [2, 4, 2]
     for f in (sets[s] for s in sets):  # each set: vLLM's own counters give our figure

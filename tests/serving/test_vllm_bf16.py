@@ -74,8 +74,10 @@ def test_the_proof_stays_float32_and_every_speed_figure_comes_from_bf16_engines(
     v = m["vllm"]
     # the proof: float32 on the CPU, vLLM's counters equal ours (the stage enforces it)
     assert m["dtype"] == v["dtype"] == "float32"
-    assert m["vllm_acceptance_length"] == pytest.approx(m["vllm_style_acceptance_length"])
-    assert v["num_drafts"] == m["verification_steps"] and m["vllm_lossless"] is True
+    assert m["vllm"]["mean_acceptance_length"] == pytest.approx(
+        m["ours"]["vllm_style_acceptance_length"]
+    )
+    assert v["num_drafts"] == m["ours"]["steps"] and m["vllm"]["lossless"] is True
     # ... with both prompts in flight (validate.counting_concurrency), per label still
     assert v["proof_concurrency"] == 2 and v["speed_prompts"] == 2
     assert m["sets"]["heldout"]["vllm"]["num_drafts"] == v["num_drafts"]
@@ -102,16 +104,16 @@ def test_the_proof_stays_float32_and_every_speed_figure_comes_from_bf16_engines(
     assert g["num_drafts"] > 0 and 0 <= g["lossless_prompts"] <= 2
     for run in ("with_draft", "without_draft"):
         assert v["wall_s"][run] > 0
-    assert m["vllm_tokens_per_s_with_draft"] == pytest.approx(
+    assert m["vllm"]["tokens_per_s_with_draft"] == pytest.approx(
         g["generated_tokens"] / v["wall_s"]["with_draft"]
     )
     assert m["vllm_speedup"] == pytest.approx(
-        m["vllm_tokens_per_s_with_draft"] / m["vllm_tokens_per_s_without_draft"]
+        m["vllm"]["tokens_per_s_with_draft"] / m["vllm"]["tokens_per_s_without_draft"]
     )
     # every level from the bf16 pair: level 1 is its single stream, 2 its own pass
     levels = v["concurrency"]["levels"]
     assert [r["concurrency"] for r in levels] == [1, 2]
-    assert levels[0]["tokens_per_s_with_draft"] == m["vllm_tokens_per_s_with_draft"]
+    assert levels[0]["tokens_per_s_with_draft"] == m["vllm"]["tokens_per_s_with_draft"]
     assert levels[1]["tokens_per_s_with_draft"] > 0
     report = (root / "data/validate/report.md").read_text()
     assert "the proof's in float32" in report and "the speed's in bfloat16" in report

@@ -182,7 +182,7 @@ def test_served_and_offline_validation_give_the_same_counters(validate_workdir):
     assert offline.group_counters == served.group_counters
     assert sorted(offline.group_counters) == sorted(set(labels))
     assert sum(g["drafts"] for g in offline.group_counters.values()) == offline.counters["drafts"]
-    assert offline["env"]["VLLM_MLA_DISABLE"] == "1"  # the workaround reached the engine
+    assert offline.env["VLLM_MLA_DISABLE"] == "1"  # the workaround reached the engine
     for run in (offline, served):
         sampled, both = run.passes["sampled"], run.passes["c2"]
         # the sampled pass's own counters, per label too, and its figures are theirs
@@ -330,7 +330,7 @@ def test_a_trained_mla_draft_in_float32_counts_in_vllm_what_our_evaluator_counts
     trained for 60 steps gets about 0.95 / 0.48 / 0.43. On a CPU with AMX tiles this is
     also issue 47's case: without the draft's own CPU_MLA the engine does not start
     (AMX_MLA refuses float32; ``tests/compat`` shows vLLM still does)."""
-    from test_acceptance import make_setup, train_draft
+    from acceptance_setup import make_setup, train_draft
 
     from eagle3_pipeline.draft.checkpoint import load_trained_draft
     from eagle3_pipeline.targets.tiny import build_tiny_target

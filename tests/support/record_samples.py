@@ -23,7 +23,7 @@ from eagle3_pipeline.runtime.gpu import GpuReading, GpuRelease, GpuSnapshot
 from eagle3_pipeline.runtime.precision import default_precision
 from eagle3_pipeline.targets.record import ConverterVersions, GgufConversion, TargetRecord
 from eagle3_pipeline.train.record import EpochSharding, TrainRecipe, TrainRecord
-from eagle3_pipeline.validate.record import ValidateRecord
+from eagle3_pipeline.validate.record import OursFigures, ValidateRecord
 
 # what preflight chooses for the tiny default on every CPU
 TINY_FP32 = default_precision("cpu", tiny=True, cpu=EPYC)
@@ -256,15 +256,18 @@ def validate_record(**overrides: Any) -> ValidateRecord:
     fields: dict[str, Any] = dict(
         checkpoint_errors=0,
         checkpoint_warnings=0,
+        ours=OursFigures(
+            prompts=4,
+            tokens=160,
+            steps=100,
+            acceptance_length=1.6,
+            vllm_style_acceptance_length=1.6,
+            accepted_per_pos=[40, 15, 5],
+            per_position_rate=[0.4, 0.15, 0.05],
+            per_position_conditional=[0.4, 0.37, 0.33],
+        ),
         acceptance_length=1.6,
-        vllm_style_acceptance_length=1.6,
-        per_position_rate=[0.4, 0.15, 0.05],
-        per_position_conditional=[0.4, 0.37, 0.33],
-        accepted_per_pos=[40, 15, 5],
         k=3,
-        prompts=4,
-        tokens=160,
-        verification_steps=100,
         max_new_tokens=40,
         lossless=True,
         lossless_prompts=4,
@@ -350,9 +353,8 @@ def validate_record_in_vllm() -> ValidateRecord:
     sets = figures_by_set(prompts, results, 2, 8, groups)
     record = validate_record(
         k=2,
-        per_position_rate=acc.per_position_rate,
-        per_position_conditional=acc.per_position_conditional,
-        accepted_per_pos=acc.accepted_per_pos,
+        ours=acc.figures(),
+        acceptance_length=acc.acceptance_length,
         prompt_sets=list(sets),
         acceptance_by_set=headline_by_set(sets),
         sets=sets,

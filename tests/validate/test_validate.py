@@ -132,26 +132,28 @@ def test_stage_writes_metrics_report_plot_and_model_card(workdir: Path) -> None:
     _run_stage(workdir, "validate.max_new_tokens=8")
     m = json.loads((workdir / "metrics" / "details" / "validate.json").read_text())
     assert "checkpoint_ok" not in m and m["checkpoint_errors"] == 0
-    assert m["k"] == 3 and m["prompts"] == 3 and m["lossless"] is True
+    assert m["k"] == 3 and m["ours"]["prompts"] == 3 and m["lossless"] is True
     # tokens per verification: every token but each prompt's first (the prefill's) came
     # from a verification step; an untrained draft adds next to nothing to the 1 per step
     assert m["acceptance_length"] == pytest.approx(
-        (m["tokens"] - m["prompts"]) / m["verification_steps"]
+        (m["ours"]["tokens"] - m["ours"]["prompts"]) / m["ours"]["steps"]
     )
     assert m["acceptance_length"] < 1.5
-    assert len(m["per_position_rate"]) == 3 and m["verification_steps"] > 0
+    assert len(m["ours"]["per_position_rate"]) == 3 and m["ours"]["steps"] > 0
     # the same draft in real vLLM: its counters agree with our decoder, and it is lossless
     v = m["vllm"]
-    assert v["num_drafts"] == m["verification_steps"]
-    assert v["num_accepted_tokens_per_pos"] == m["accepted_per_pos"]
-    assert m["vllm_acceptance_length"] == pytest.approx(m["vllm_style_acceptance_length"])
-    assert m["vllm_lossless"] is True and v["lossless_prompts"] == 3
-    assert v["generated_tokens"] == m["tokens"]  # vLLM generated exactly our decoder's tokens
+    assert v["num_drafts"] == m["ours"]["steps"]
+    assert v["num_accepted_tokens_per_pos"] == m["ours"]["accepted_per_pos"]
+    assert m["vllm"]["mean_acceptance_length"] == pytest.approx(
+        m["ours"]["vllm_style_acceptance_length"]
+    )
+    assert m["vllm"]["lossless"] is True and v["lossless_prompts"] == 3
+    assert (
+        v["generated_tokens"] == m["ours"]["tokens"]
+    )  # vLLM generated exactly our decoder's tokens
     # tokens/s is the generated tokens over the generation pass, never over the engine's load
     for run in ("with_draft", "without_draft"):
-        assert m[f"vllm_tokens_per_s_{run}"] == pytest.approx(
-            v["generated_tokens"] / v["wall_s"][run]
-        )
+        assert v[f"tokens_per_s_{run}"] == pytest.approx(v["generated_tokens"] / v["wall_s"][run])
         assert v["wall_s"][run] > 0
     # the same tokens both ways (lossless): the speedup is the ratio of the passes' times
     assert m["vllm_speedup"] == pytest.approx(
@@ -182,7 +184,7 @@ def test_stage_writes_metrics_report_plot_and_model_card(workdir: Path) -> None:
     assert m["vllm"]["concurrency"]["skipped"] == [4, 16]
     assert [r["concurrency"] for r in m["vllm"]["concurrency"]["levels"]] == [1]
     points = json.loads((live / "plots/custom/acceptance_per_position.json").read_text())
-    assert [p["acceptance"] for p in points] == m["per_position_rate"]
+    assert [p["acceptance"] for p in points] == m["ours"]["per_position_rate"]
     assert (live / "plots/images/acceptance.png").read_bytes()[:4] == b"\x89PNG"
     card = (out / "README.md").read_text()
     assert "PSF-2.0" in card and "K): 3" in card and "speculators:" in card
@@ -216,7 +218,7 @@ def test_every_prompt_set_gets_vllms_own_figures_equal_to_ours(
     sets = m["sets"]
     # 2 held-out + 2 MT-Bench questions x 2 turns + 2 HumanEval problems, pooled above
     assert [sets[s]["ours"]["prompts"] for s in m["prompt_sets"]] == [2, 4, 2]
-    assert m["prompts"] == 8 and m["vllm"]["prompts"] == 8
+    assert m["ours"]["prompts"] == 8 and m["vllm"]["prompts"] == 8
     assert sets["mt_bench"]["questions"] == 2
     assert sorted(sets["mt_bench"]["turns"]) == ["1", "2"]
     assert len(sets["mt_bench"]["categories"]) == 2  # stratified: two categories
@@ -315,8 +317,8 @@ def test_an_mla_draft_is_served_by_vllm_with_the_tiny_kimi(
     m = json.loads((root / "metrics" / "details" / "validate.json").read_text())
     assert m["checkpoint_errors"] == 0, m.get("checkpoint_findings")
     v = m["vllm"]
-    assert v["num_drafts"] == m["verification_steps"] > 0
-    assert v["num_accepted_tokens_per_pos"] == m["accepted_per_pos"]
-    assert m["vllm_lossless"] is True and m["lossless"] is True
+    assert v["num_drafts"] == m["ours"]["steps"] > 0
+    assert v["num_accepted_tokens_per_pos"] == m["ours"]["accepted_per_pos"]
+    assert m["vllm"]["lossless"] is True and m["lossless"] is True
     env = v["workarounds"]["with_draft"]["env"]
     assert "VLLM_MLA_DISABLE" not in env  # an MLA draft keeps the target's MLA on

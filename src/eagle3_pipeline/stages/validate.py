@@ -41,9 +41,9 @@ def run(cfg: ValidateInputs) -> None:
         "acceptance length %.3f at K=%d (%d prompts, %d tokens, %d steps); lossless: %s",
         record.acceptance_length or 0.0,
         record.k,
-        record.prompts,
-        record.tokens,
-        record.verification_steps,
+        record.ours.prompts,
+        record.ours.tokens,
+        record.ours.steps,
         record.lossless,
     )
 

@@ -35,7 +35,7 @@ def write_live(directory: Path, record: ValidateRecord, png: bytes) -> dict[str,
     # the evaluator's rates (vLLM's agree within validate.vllm_agreement_tol, checked by
     # the stage; both lists stay in the details)
     points = [
-        {"position": i, "acceptance": rate} for i, rate in enumerate(record.per_position_rate)
+        {"position": i, "acceptance": rate} for i, rate in enumerate(record.ours.per_position_rate)
     ]
     live.log_plot(
         "acceptance_per_position",

@@ -208,20 +208,17 @@ class ValidateRecord(Record):
     STAGE = "validate"
     HEADLINE_IN_DVCLIVE = True
 
+    version: int = 2  # 2: our figures nested in ``ours``, vLLM's only in ``vllm``
     # the checkpoint validator's counts; a checkpoint with errors stops the stage before
     # anything is measured, so a record exists only for one it passed
     checkpoint_errors: int
     checkpoint_warnings: int  # its warnings
-    # tokens per target step (chained greedy speculative decoding, ours; prefill excluded)
+    # our evaluator's figures over every prompt decoded, every set pooled (chained greedy
+    # speculative decoding; prefill excluded): prompts, tokens, steps, per position
+    ours: OursFigures
+    # tokens per target step: ``ours.acceptance_length``, here as the headline DVC shows
     acceptance_length: float | None = headline()
-    vllm_style_acceptance_length: float | None  # 1 + accepted / drafts, as vLLM counts
-    per_position_rate: list[float | None]  # accepted at draft position i / steps
-    per_position_conditional: list[float | None]  # / steps that reached position i
-    accepted_per_pos: list[int]  # accepted tokens per draft position
     k: int  # draft tokens per step
-    prompts: int  # held-out prompts decoded
-    tokens: int  # tokens generated
-    verification_steps: int  # target forwards that verified a draft
     max_new_tokens: int  # validate.max_new_tokens
     lossless: bool | None = headline()  # speculative output == plain greedy, every prompt
     lossless_prompts: int  # prompts where it was
@@ -237,22 +234,17 @@ class ValidateRecord(Record):
     # Per set: ours and vLLM's figures, per-position rates, per turn (MT-Bench's two)
     # and per category (MT-Bench's eight) -- see validate/by_set.py
     sets: dict[str, SetFigures] | None = optional()
-    # validate.vllm: target + draft and target alone in real vLLM
-    vllm_acceptance_length: float | None = optional()  # from vLLM's spec-decode counters
-    vllm_per_position_rate: list[float | None] | None = optional()  # vLLM's per position
-    vllm_lossless: bool | None = optional()  # vLLM's greedy with the draft == without it
-    vllm_tokens_per_s_with_draft: float | None = optional()  # single stream
-    vllm_tokens_per_s_without_draft: float | None = optional()  # single stream
+    # validate.vllm: target + draft and target alone in real vLLM; the headline figures
+    # below are vLLM's (``vllm`` holds every one: acceptance, losslessness, tokens/s)
     vllm_speedup: float | None = optional(headline=True)  # with / without the draft
     # validate.k_sweep: the K with the best single-stream speedup, and that speedup
     vllm_best_k: int | None = optional(headline=True)
     vllm_best_k_speedup: float | None = optional(headline=True)
     # validate.temperature: vLLM's acceptance length per prompt set in the draft engine's
-    # sampled pass (its rejection sampler decides; K above, one stream), and pooled. This
+    # sampled pass (its rejection sampler decides; K above, one stream; pooled: vllm.sampled). This
     # and the two concurrency fields are set beside benchmark prompt sets only (on the
     # held-out set alone they stay in ``vllm``: sampled, concurrency)
     acceptance_by_set_sampled: dict[str, float | None] | None = optional(headline=True)
-    vllm_sampled_acceptance_length: float | None = optional()
     # validate.concurrency: vLLM's output tokens/s with / without the draft per number of
     # requests in flight ("1" is vllm_speedup), and the lowest level measured where that is
     # below 1: the draft stops paying there (null: it pays at every level measured)

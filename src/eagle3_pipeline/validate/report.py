@@ -30,8 +30,8 @@ def acceptance_png(record: ValidateRecord, title: str) -> bytes:
 
     k = record.k
     pos = list(range(1, k + 1))
-    rate = [r if r is not None else 0.0 for r in record.per_position_rate]
-    cond = [r if r is not None else 0.0 for r in record.per_position_conditional]
+    rate = [r if r is not None else 0.0 for r in record.ours.per_position_rate]
+    cond = [r if r is not None else 0.0 for r in record.ours.per_position_conditional]
     fig, ax = plt.subplots(figsize=(6, 4))
     width = 0.4
     ax.bar([p - width / 2 for p in pos], rate, width, label="accepted / steps")
@@ -173,9 +173,9 @@ def _acceptance_table(record: ValidateRecord) -> list[str]:
     ]
     for i in range(record.k):
         lines.append(
-            f"| {i + 1} | {record.accepted_per_pos[i]} | "
-            f"{_fmt(record.per_position_rate[i])} | "
-            f"{_fmt(record.per_position_conditional[i])} |"
+            f"| {i + 1} | {record.ours.accepted_per_pos[i]} | "
+            f"{_fmt(record.ours.per_position_rate[i])} | "
+            f"{_fmt(record.ours.per_position_conditional[i])} |"
         )
     return lines
 
@@ -194,7 +194,7 @@ def markdown_report(record: ValidateRecord, facts: ReportFacts) -> str:
         f"{record.checkpoint_errors} error(s), {record.checkpoint_warnings} warning(s) "
         "(a checkpoint with errors stops the stage before anything is measured)",
         f"- Lossless (speculative output == plain greedy): "
-        f"**{_fmt(record.lossless)}** ({record.lossless_prompts}/{record.prompts} prompts, "
+        f"**{_fmt(record.lossless)}** ({record.lossless_prompts}/{record.ours.prompts} prompts, "
         f"{record.dtype} on {record.device})",
     ]
     for d in record.divergences[:10]:
@@ -207,10 +207,10 @@ def markdown_report(record: ValidateRecord, facts: ReportFacts) -> str:
         "## Acceptance length",
         "",
         f"**{_fmt(record.acceptance_length)} tokens per target step** at K={record.k} "
-        f"(chained greedy speculative decoding, {record.prompts} prompts of every set, "
-        f"at most {record.max_new_tokens} new tokens each, {record.tokens} tokens generated, "
-        f"{record.verification_steps} verification forwards; the prefill is excluded). "
-        f"vLLM-style 1 + accepted/drafts: {_fmt(record.vllm_style_acceptance_length)}.",
+        f"(chained greedy speculative decoding, {record.ours.prompts} prompts of every set, "
+        f"at most {record.max_new_tokens} new tokens each, {record.ours.tokens} tokens generated, "
+        f"{record.ours.steps} verification forwards; the prefill is excluded). "
+        f"vLLM-style 1 + accepted/drafts: {_fmt(record.ours.vllm_style_acceptance_length)}.",
         "",
         *_acceptance_table(record),
         "",
@@ -350,11 +350,11 @@ def model_card(record: ValidateRecord, facts: ReportFacts) -> str:
         "",
         f"**{_fmt(record.acceptance_length)}** tokens per target forward at K={record.k}, "
         f"measured by chained greedy speculative decoding against the target on "
-        f"{record.prompts} prompts never trained on (at most "
-        f"{record.max_new_tokens} new tokens each, {record.tokens} tokens, "
-        f"{record.verification_steps} verification forwards, prefill excluded; {record.dtype} on "
+        f"{record.ours.prompts} prompts never trained on (at most "
+        f"{record.max_new_tokens} new tokens each, {record.ours.tokens} tokens, "
+        f"{record.ours.steps} verification forwards, prefill excluded; {record.dtype} on "
         f"{record.device}). Per-position acceptance rates: "
-        f"{[_fmt(r) for r in record.per_position_rate]}. "
+        f"{[_fmt(r) for r in record.ours.per_position_rate]}. "
         f"Output identical to the target's greedy decoding: {_fmt(record.lossless)}.",
     ]
     for name, f in (record.sets or {}).items():

@@ -623,15 +623,9 @@ def validate_draft(
     record = ValidateRecord(
         checkpoint_errors=checkpoint.errors,
         checkpoint_warnings=checkpoint.warnings,
+        ours=acc.figures(),
         acceptance_length=acc.acceptance_length,
-        vllm_style_acceptance_length=acc.vllm_style_acceptance_length,
-        per_position_rate=acc.per_position_rate,
-        per_position_conditional=acc.per_position_conditional,
-        accepted_per_pos=acc.accepted_per_pos,
         k=k,
-        prompts=acc.prompts,
-        tokens=acc.tokens,
-        verification_steps=acc.steps,
         max_new_tokens=acc.max_new_tokens,
         lossless=acc.lossless,
         lossless_prompts=acc.lossless_prompts,
@@ -677,17 +671,9 @@ def set_vllm_headline(record: ValidateRecord, vllm: VllmFigures, benchmarks: boo
     acceptance per set, the speedup per concurrency level and the break-even level beside
     benchmark prompt sets only (on the held-out set alone they stay in ``vllm``)."""
     record.vllm = vllm
-    record.vllm_acceptance_length = vllm.mean_acceptance_length
-    record.vllm_per_position_rate = list(vllm.per_position_rate)
-    record.vllm_lossless = vllm.lossless
-    record.vllm_tokens_per_s_with_draft = vllm.tokens_per_s_with_draft
-    record.vllm_tokens_per_s_without_draft = vllm.tokens_per_s_without_draft
     record.vllm_speedup = vllm.speedup
     record.vllm_best_k = vllm.best_k  # with validate.k_sweep only
     record.vllm_best_k_speedup = vllm.best_k_speedup
-    record.vllm_sampled_acceptance_length = (
-        vllm.sampled.mean_acceptance_length if vllm.sampled else None
-    )
     if benchmarks:
         record.acceptance_by_set_sampled = (
             {n: f.mean_acceptance_length for n, f in vllm.sampled.sets.items()}
