@@ -14,13 +14,14 @@ lowest first), and once here, :data:`LAYERS`; a test keeps the two equal.
 
 from __future__ import annotations
 
-import ast
 import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from eagle3_pipeline.tools.graph import import_refs
 
 ROOT = Path(__file__).resolve().parents[2]
 PKG = "eagle3_pipeline"
@@ -87,26 +88,16 @@ def _resolve(name: str) -> str:
 
 def _imports(module: str, source: str | None = None) -> list[tuple[str, int]]:
     """``(imported name, line)`` for every import in ``module`` (its file, or ``source``),
-    at any depth of its code, relative ones made absolute."""
-    path = MODULES.get(module)
-    is_pkg = path is not None and path.name == "__init__.py"
-    text = source if source is not None else MODULES[module].read_text(encoding="utf-8")
+    at any depth of its code, relative ones made absolute (the package's one walker)."""
     out: list[tuple[str, int]] = []
-    for node in ast.walk(ast.parse(text)):
-        if isinstance(node, ast.Import):
-            out += [(a.name, node.lineno) for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = module.split(".") if is_pkg else module.split(".")[:-1]
-                base = base[: len(base) - (node.level - 1)]
-                mod = ".".join(base + ([node.module] if node.module else []))
-            else:
-                mod = node.module or ""
-            # ``from pkg import sub``: the submodule when there is one, else pkg itself
-            out += [
-                (f"{mod}.{a.name}" if f"{mod}.{a.name}" in MODULES else mod, node.lineno)
-                for a in node.names
-            ]
+    for ref in import_refs(module, source):
+        if not ref.names:
+            out.append((ref.module, ref.line))
+        # ``from pkg import sub``: the submodule when there is one, else pkg itself
+        out += [
+            (f"{ref.module}.{n}" if f"{ref.module}.{n}" in MODULES else ref.module, ref.line)
+            for n in ref.names
+        ]
     return out
 
 

@@ -10,7 +10,6 @@ proof with ``hardware=cpu``, the dry check.
 
 from __future__ import annotations
 
-import ast
 import importlib.metadata as md
 import importlib.util
 import json
@@ -31,11 +30,12 @@ from record_samples import (
     train_record,
     validate_record,
 )
-from stage_graph import STAGES, _module_file, executed_modules
+from stage_graph import STAGES, executed_modules
 
 from eagle3_pipeline.core.config import load_config
 from eagle3_pipeline.preflight.record import TorchView
 from eagle3_pipeline.runtime.gpu import GpuMemory, GpuRelease, GpuSnapshot
+from eagle3_pipeline.tools.graph import import_refs
 from eagle3_pipeline.train.record import Launcher
 
 REPO = Path(__file__).resolve().parents[2]
@@ -69,14 +69,7 @@ NOT_ON_PATH = {
 def third_party_imports(module: str) -> set[str]:
     """Top-level names of the non-standard, non-package modules ``module`` imports, at
     any depth of its code (lazy imports are on the path as soon as their function runs)."""
-    path = _module_file(module)
-    assert path is not None, module
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            names.update(a.name.split(".")[0] for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module.split(".")[0])
+    names = {ref.module.split(".")[0] for ref in import_refs(module)}
     return {n for n in names if n not in sys.stdlib_module_names and n not in (PKG, "__future__")}
 
 

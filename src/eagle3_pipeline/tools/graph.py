@@ -31,6 +31,7 @@ import functools
 import importlib
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,40 @@ def module_file(name: str) -> Path | None:
     return p.with_suffix(".py") if p.with_suffix(".py").is_file() else None
 
 
+@dataclass(frozen=True)
+class ImportRef:
+    """One import statement of a module, at any depth of its code (lazy ones included)."""
+
+    module: str  # what it imports from, absolute (a relative import made absolute)
+    names: tuple[str, ...]  # ``from module import names``; empty for ``import module``
+    line: int
+
+
+def import_refs(name: str, source: str | None = None) -> list[ImportRef]:
+    """Every import in module ``name`` (its file, or ``source`` given as its text): the one
+    walker of import statements (the code deps here, the layer and view rules in tests)."""
+    path = module_file(name)
+    is_pkg = path is not None and path.name == "__init__.py"
+    if source is None:
+        if path is None:
+            raise ValueError(f"{name}: not a module of {PKG}")
+        source = path.read_text(encoding="utf-8")
+    out: list[ImportRef] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out += [ImportRef(a.name, (), node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = name.split(".")
+                base = parts if is_pkg else parts[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            out.append(ImportRef(mod, tuple(a.name for a in node.names), node.lineno))
+    return out
+
+
 @functools.cache
 def imports(name: str) -> frozenset[str]:
     """Package modules that executing ``name`` can execute directly (see the module doc),
@@ -74,20 +109,11 @@ def imports(name: str) -> frozenset[str]:
         raise ValueError(f"{name}: not a module of {PKG}")
     is_pkg = path.name == "__init__.py"
     found: set[str] = set()
+    for ref in import_refs(name):
+        found.add(ref.module)
+        found.update(f"{ref.module}.{n}" for n in ref.names)
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                parts = name.split(".")
-                base = parts if is_pkg else parts[:-1]
-                base = base[: len(base) - (node.level - 1)]
-                mod = ".".join(base + ([node.module] if node.module else []))
-            else:
-                mod = node.module or ""
-            found.add(mod)
-            found.update(f"{mod}.{a.name}" for a in node.names)
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
             if node.value.startswith(PKG + "."):
                 found.add(node.value.split(":")[0])
         elif (
