@@ -105,6 +105,25 @@ def test_an_unread_key_is_reported(reads: Reads) -> None:
 
 
 @pytest.mark.integration
+def test_a_whole_section_read_in_part_is_reported_down_to_its_leaves(reads: Reads) -> None:
+    """validate declares the ``validate`` section whole: each of its keys must be read, not
+    just the section (drop the reads of ``k_sweep`` and that key is reported); a field a
+    section inherits (``model.gguf.path`` from ``PinnedFileConfig``) counts where declared."""
+    from eagle3_pipeline.preflight.view import PreflightInputs
+    from eagle3_pipeline.validate.view import ValidateInputs
+
+    read = "eagle3_pipeline.core.config.ValidateConfig.k_sweep"
+    assert read in reads.fields
+    assert unread(ValidateInputs, Reads(reads.fields - {read}, reads.passes)) == [
+        "validate.k_sweep"
+    ]
+    inherited = "eagle3_pipeline.core.config.PinnedFileConfig.path"
+    assert "model.gguf.path" not in unread(PreflightInputs, reads)
+    less = Reads(reads.fields - {inherited}, reads.passes)
+    assert "model.gguf.path" in unread(PreflightInputs, less)
+
+
+@pytest.mark.integration
 def test_a_read_through_a_protocol_counts_for_the_view_passed_as_it(reads: Reads) -> None:
     """``build_engine`` reads ``hardware.serving`` through a Protocol: validate's view is
     passed as it, so its ``hardware.serving`` is read; without that call it would not be."""

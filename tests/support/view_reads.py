@@ -181,18 +181,54 @@ def passed_as(passes: frozenset[tuple[str, str]]) -> set[tuple[str, str]]:
         found |= more
 
 
+def _section(tp: Any) -> type | None:
+    """The config section dataclass ``tp`` is (``X | None`` too), else None."""
+    from eagle3_pipeline.core.inputs import Inputs
+
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    tp = args[0] if len(args) == 1 else tp
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp) and not issubclass(tp, Inputs):
+        return tp
+    return None
+
+
+def _section_leaves(cls: type, prefix: str) -> Iterator[tuple[str, type, str]]:
+    """``(dotted key, class, field)`` of every leaf of config section ``cls``, nested
+    sections (``model.gguf``) included."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        sub = _section(hints[f.name])
+        if sub is not None:
+            yield from _section_leaves(sub, f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", cls, f.name
+
+
 def unread(view: type, reads: Reads) -> list[str]:
-    """The dotted keys of ``view`` that no code reads: neither on the view class that
-    declares them nor on a Protocol that class is passed as."""
+    """The dotted keys of ``view`` that no code reads: neither on the class that declares
+    them (or a base it inherits the field from) nor on a Protocol that class is passed as.
+    A field holding a whole config section is checked down to the section's leaves, so a
+    section read only in part is reported (make it a sub-view of what is read)."""
     protocols: dict[str, set[str]] = {}
     for a, p in passed_as(reads.passes):
         protocols.setdefault(a, set()).add(p)
+
+    def read(owner: type, name: str) -> bool:
+        for klass in owner.__mro__:
+            qual = _fullname(klass)
+            if f"{qual}.{name}" in reads.fields:
+                return True
+            if any(f"{p}.{name}" in reads.fields for p in protocols.get(qual, ())):
+                return True
+        return False
+
     out = []
     for key, owner, name in _leaves(view):
-        qual = _fullname(owner)
-        if f"{qual}.{name}" in reads.fields:
-            continue
-        if any(f"{p}.{name}" in reads.fields for p in protocols.get(qual, ())):
-            continue
-        out.append(key)
+        section = _section(typing.get_type_hints(owner)[name])
+        if section is None:
+            out += [] if read(owner, name) else [key]
+        else:  # the view holds the whole section: each of its leaves must be read
+            out += [
+                k for k, cls, leaf in _section_leaves(section, f"{key}.") if not read(cls, leaf)
+            ]
     return out
