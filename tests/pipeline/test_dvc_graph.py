@@ -27,7 +27,14 @@ from stage_graph import (
 )
 from workdirs import repo_copy
 
-from eagle3_pipeline.tools.graph import END_PRODUCTS, dataflow_problems, render
+from eagle3_pipeline.tools.graph import (
+    END_PRODUCTS,
+    TEXT_ONLY,
+    dataflow_problems,
+    import_refs,
+    module_file,
+    render,
+)
 from eagle3_pipeline.tools.keymap import KEYMAP
 from eagle3_pipeline.tools.keymap import render as render_keymap
 
@@ -72,11 +79,36 @@ def test_what_python_loads_for_a_stage_is_among_its_deps(stage: str) -> None:
         check=True,
         cwd=ROOT,
     ).stdout
+    text_only = {module_file(m) for m in TEXT_ONLY}
     loaded = [Path(line) for line in out.splitlines() if line.strip()]
+    loaded = [p for p in loaded if p.resolve() not in text_only]
     assert any(p.name == f"{stage}.py" for p in loaded), out[-2000:]
     deps = [_render(d, _params()) for d in _graph()[stage]["deps"]]
     missing = _uncovered(loaded, deps)
     assert not missing, f"stage {stage} loads these modules but does not depend on them: {missing}"
+
+
+@pytest.mark.parametrize("module", sorted(TEXT_ONLY))
+def test_a_text_only_module_only_words_text(module: str) -> None:
+    """What makes a module's edits unable to change an output: every public function in it
+    returns text (a string, strings, or a record of strings), and it imports nothing of the
+    package but the schema it describes."""
+    import dataclasses
+    import inspect
+    import typing
+
+    mod = importlib.import_module(module)
+    texts = {str, str | None, list[str]}
+    for name, fn in inspect.getmembers(mod, inspect.isfunction):
+        if fn.__module__ != module or name.startswith("_"):
+            continue  # imported, or a private helper of the text
+        ret = typing.get_type_hints(fn)["return"]
+        record = dataclasses.is_dataclass(ret) and all(
+            t is str for t in typing.get_type_hints(ret).values()
+        )
+        assert ret in texts or record, f"{module}.{name} returns {ret}, not text"
+    ours = {r.module for r in import_refs(module) if r.module.startswith("eagle3_pipeline")}
+    assert ours <= {"eagle3_pipeline.core.config.schema"}, ours
 
 
 def test_the_loaded_modules_check_can_fail() -> None:
@@ -118,7 +150,10 @@ def test_code_deps_and_params_are_what_eagle3_graph_generates() -> None:
     ("edit", "why"),
     [
         # a module a stage runs, dropped from its deps
-        (lambda t: t.replace("      - src/eagle3_pipeline/core/config.py\n", "", 1), "missing"),
+        (
+            lambda t: t.replace("      - src/eagle3_pipeline/core/config/schema.py\n", "", 1),
+            "missing",
+        ),
         # a tool added to a stage's deps
         (
             lambda t: t.replace(
@@ -155,7 +190,7 @@ def test_eagle3_graph_check_fails_on_a_stale_dvc_yaml(tmp_path: Path, edit, why:
 def test_the_key_map_is_generated_from_the_schema_and_checked(tmp_path: Path) -> None:
     """docs/configuration.md is what the schema and the views say; a stale one fails the
     check, and eagle3-graph rewrites it."""
-    from eagle3_pipeline.core.config import key_facts, leaf_keys
+    from eagle3_pipeline.core.config.help import key_facts, leaf_keys
 
     text = (ROOT / KEYMAP).read_text(encoding="utf-8")
     assert text == render_keymap(), "docs/configuration.md is stale: run eagle3-graph"
@@ -178,7 +213,7 @@ def test_the_key_map_is_generated_from_the_schema_and_checked(tmp_path: Path) ->
 @pytest.mark.parametrize("stage", STAGES)
 def test_each_stage_help_lists_the_keys_it_reads(stage: str) -> None:
     """--help names every key the stage's view reads, with its default and description."""
-    from eagle3_pipeline.core.config import key_facts, leaf_keys
+    from eagle3_pipeline.core.config.help import key_facts, leaf_keys
 
     view = importlib.import_module(f"eagle3_pipeline.stages.{stage}").INPUTS
     proc = subprocess.run(
@@ -323,6 +358,14 @@ def locked_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
         # tools: no stage
         ("tools/fetch/cli.py", set()),
         ("tools/compose.py", set()),
+        # the schema: every stage reads the config through it
+        (
+            "core/config/schema.py",
+            {"preflight", "target", "prepare", "extract", "train", "validate"},
+        ),
+        # text for people only (graph.TEXT_ONLY): a reworded error or help line
+        ("core/config/wording.py", set()),
+        ("core/config/help.py", set()),
         ("compat/dvc_remote.py", set()),
     ],
 )

@@ -31,7 +31,7 @@ from eagle3_pipeline.tools.graph import import_refs, inputs_view, params
 WHOLE_CONFIG = {"Config", "load_config", "load_params", "compose", "config_from_cli"}
 # Modules that may: where the config and the views are defined, the stage entrypoints
 # (each builds its view) and the tools (they read the whole config for a user).
-MAY_SEE_CONFIG = ("core/config.py", "core/inputs.py", "stages/", "tools/")
+MAY_SEE_CONFIG = ("core/config/", "core/inputs.py", "stages/", "tools/")
 PKG_DIR = ROOT / "src" / "eagle3_pipeline"
 
 
@@ -40,7 +40,7 @@ def whole_config_imports(source: str, module: str = "eagle3_pipeline.x") -> list
     return [
         f"{ref.line}: {n}"
         for ref in import_refs(module, source)
-        if ref.module == "eagle3_pipeline.core.config"
+        if ref.module.startswith("eagle3_pipeline.core.config")
         for n in ref.names
         if n in WHOLE_CONFIG
     ]
@@ -112,12 +112,12 @@ def test_a_whole_section_read_in_part_is_reported_down_to_its_leaves(reads: Read
     from eagle3_pipeline.preflight.view import PreflightInputs
     from eagle3_pipeline.validate.view import ValidateInputs
 
-    read = "eagle3_pipeline.core.config.ValidateConfig.k_sweep"
+    read = "eagle3_pipeline.core.config.schema.ValidateConfig.k_sweep"
     assert read in reads.fields
     assert unread(ValidateInputs, Reads(reads.fields - {read}, reads.passes)) == [
         "validate.k_sweep"
     ]
-    inherited = "eagle3_pipeline.core.config.PinnedFileConfig.path"
+    inherited = "eagle3_pipeline.core.config.schema.PinnedFileConfig.path"
     assert "model.gguf.path" not in unread(PreflightInputs, reads)
     less = Reads(reads.fields - {inherited}, reads.passes)
     assert "model.gguf.path" in unread(PreflightInputs, less)

@@ -10,7 +10,7 @@ wraps Hydra's ``Hydra.compose_config`` (what ``hydra.compose`` calls) so that a
 composition error becomes a ``DvcException`` carrying the same one line that
 ``eagle3-compose`` prints. DVC then prints ``ERROR: params: <line>`` and exits non-zero.
 The wrapper also runs the schema's own checks (ranges, cross-key rules:
-``core.config.validate``) on the composed result, so ``-S validate.k=0`` is refused the
+``core.config.rules.validate``) on the composed result, so ``-S validate.k=0`` is refused the
 same way, before DVC writes params.yaml or runs a stage.
 
 Only when DVC is the running program (``dvc`` imported); ``tests/compat/test_compat.py``
@@ -35,7 +35,8 @@ def one_line_compose_errors() -> bool:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from eagle3_pipeline.core.config import COMPOSING_HERE, check_composed, compose_error_line
+    from eagle3_pipeline.core.config import COMPOSING_HERE, check_composed
+    from eagle3_pipeline.core.config.wording import compose_error_line
     from eagle3_pipeline.core.errors import ConfigError
 
     original = Hydra.compose_config

@@ -15,7 +15,7 @@ from eagle3_pipeline.core.config import (
     DEFAULT_CONF_DIR,
     DEFAULT_PARAMS,
     ConfigError,
-    _to_config,
+    check_composed,
     compose,
 )
 from eagle3_pipeline.core.io import atomic_write_text
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         node = compose(args.overrides, args.conf_dir)
         text = OmegaConf.to_yaml(node)  # what DVC writes (compose_yaml)
-        _to_config(node)  # the cross-key checks too
+        check_composed(node)  # the cross-key checks too
     except ConfigError as exc:
         print(f"error: config: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -136,13 +136,24 @@ def imports(name: str) -> frozenset[str]:
     return frozenset(out)
 
 
+# Modules that only word text for people, and why no output can depend on them: they are
+# no stage's code deps, so rewording a message or a help line reruns nothing. A test keeps
+# them text-only (every function returns text, and they import only the schema).
+TEXT_ONLY = {
+    f"{PKG}.core.config.wording": "how a composition error reads: it stops a stage before "
+    "the stage writes anything",
+    f"{PKG}.core.config.help": "what --help and the key map say of a key: --help exits "
+    "before the stage runs",
+}
+
+
 def executed_modules(stage: str) -> set[str]:
-    """The import closure of ``eagle3_pipeline.stages.<stage>``."""
+    """The import closure of ``eagle3_pipeline.stages.<stage>``, less :data:`TEXT_ONLY`."""
     seen: set[str] = set()
     todo = [f"{PKG}.stages.{stage}"]
     while todo:
         mod = todo.pop()
-        if mod not in seen:
+        if mod not in seen and mod not in TEXT_ONLY:
             seen.add(mod)
             todo.extend(imports(mod) - seen)
     return seen

@@ -48,7 +48,7 @@ DDP_MEMORY_SHARE = 0.6
 def resolve_runtime(cfg: TrainInputs) -> Runtime:
     """Device, dtype, attention, loss and worker count: ``train.*`` overrides, else the
     hardware profile. The parallel mode needs the draft's shape: :func:`choose_parallel`.
-    The settings were checked when the config was composed (``core.config.validate``)."""
+    The settings were checked when the config was composed (``core.config.rules.validate``)."""
     t, hw = cfg.train, cfg.hardware
     device = t.device or hw.device
     if t.dtype is not None:
