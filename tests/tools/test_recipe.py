@@ -122,21 +122,21 @@ def test_k_sweep_outside_what_the_draft_was_trained_for_fails_at_compose(sweep):
 
 
 def test_k_sweep_reports_each_k_against_the_same_baseline_and_the_best():
+    from eagle3_pipeline.serving.result import GenerationPass
     from eagle3_pipeline.validate.vllm import k_sweep_figures
 
-    def run(tps: float, drafts: int, accepted: list[int], outputs: list[list[int]]) -> dict:
-        return {
-            "tokens_per_s": tps,
-            "outputs": outputs,
-            "counters": {
-                "drafts": drafts,
-                "draft_tokens": drafts * len(accepted),
-                "accepted": sum(accepted),
-                "accepted_per_pos": accepted,
-            },
+    def run(
+        tps: float, drafts: int, accepted: list[int], outputs: list[list[int]]
+    ) -> GenerationPass:
+        counters = {
+            "drafts": drafts,
+            "draft_tokens": drafts * len(accepted),
+            "accepted": sum(accepted),
+            "accepted_per_pos": accepted,
         }
+        return GenerationPass(outputs, 3, 3 / tps, tps, counters)
 
-    plain = {"tokens_per_s": 10.0, "outputs": [[1, 2, 3]]}
+    plain = GenerationPass([[1, 2, 3]], 3, 0.3, 10.0, {})
     out = k_sweep_figures(
         {
             1: run(14.0, 100, [60], [[1, 2, 3]]),

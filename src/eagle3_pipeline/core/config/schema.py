@@ -11,6 +11,8 @@ rules across keys are in :mod:`eagle3_pipeline.core.config.rules`.
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable
 from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass
 from typing import Any, get_args, get_type_hints
@@ -39,6 +41,7 @@ from eagle3_pipeline.core.choices import (
     TinyArchitecture,
     VllmMode,
 )
+from eagle3_pipeline.core.errors import ConfigError
 
 SCHEMA_NAME = "eagle3_schema"
 
@@ -224,6 +227,41 @@ class ModelConfig:
         """:func:`built_here` of this target."""
         return built_here(self.tiny, self.gguf)
 
+    def check(self, cfg: Config) -> None:
+        """One source for the target, and its settings complete."""
+        sources = [
+            k
+            for k, v in (
+                ("model.tiny", self.tiny),
+                ("model.gguf", self.gguf),
+                ("model.path", self.path),
+            )
+            if v is not None
+        ]
+        if not sources and not self.hub_id:
+            raise ConfigError(
+                "model: set model.tiny (build locally), model.gguf, model.path or model.hub_id"
+            )
+        if self.hub_id and self.tiny is not None:
+            sources.append("model.hub_id")  # a built target has no hub id
+        if len(sources) > 1:
+            raise ConfigError(
+                f"model: {' and '.join(sources)} are both set: a target has one "
+                "source (set the others to null)"
+            )
+        if self.gguf is not None:
+            if not self.gguf.path:
+                raise ConfigError("model.gguf.path is empty: name the GGUF file")
+            if self.gguf.package and not (self.gguf.version and self.gguf.member):
+                raise ConfigError(
+                    "model.gguf.package is set: also pin model.gguf.version and name "
+                    "model.gguf.member (the file's path inside the wheel)"
+                )
+        if self.tiny is not None:
+            check_tiny_architecture(self.tiny.architecture)
+        if self.aux_layer_ids is not None and len(self.aux_layer_ids) == 0:
+            raise ConfigError("model.aux_layer_ids is empty: use null for the adapter's default")
+
 
 def built_here(tiny: TinyModelConfig | None, gguf: GgufSourceConfig | None) -> bool:
     """The target stage writes the checkpoint itself into ``paths.target``/model (tiny:
@@ -287,6 +325,13 @@ class HardwareConfig:
     throughput: ThroughputAssumptions = setting(
         doc="rates the estimates assume until measured", factory=ThroughputAssumptions
     )
+
+    def check(self, cfg: Config) -> None:
+        """The GPU count agrees with the device."""
+        if self.device == "cuda" and self.gpu_count < 1:
+            raise ConfigError("hardware.gpu_count must be >= 1 when hardware.device is cuda")
+        if self.device == "cpu" and self.gpu_count != 0:
+            raise ConfigError("hardware.gpu_count must be 0 when hardware.device is cpu")
 
 
 @dataclass
@@ -382,6 +427,11 @@ class DataConfig:
     # License, like the text it comes from.
     license: str = setting("PSF-2.0", "the data's licence, recorded beside every figure")
 
+    def check(self, cfg: Config) -> None:
+        """A file or hub source names its path."""
+        if self.source in ("file", "hf") and not self.path:
+            raise ConfigError(f"data.path is required when data.source={self.source}")
+
 
 @dataclass
 class TargetStageConfig:
@@ -473,6 +523,18 @@ class ExtractConfig:
     staging_dir: str | None = setting(
         None, "online: where vLLM's connector leaves files for the trainer (null: temp dir)"
     )
+
+    def check(self, cfg: Config) -> None:
+        """The shards: online mode has none; a rank within the world."""
+        if self.mode == "online" and self.world_size != 1:
+            raise ConfigError(
+                f"extract.world_size={self.world_size}: online mode has no extraction to "
+                "split (the train stage's server serves every rank); set extract.world_size=1"
+            )
+        if self.rank >= self.world_size:
+            raise ConfigError(
+                f"extract.rank={self.rank} must be < extract.world_size={self.world_size}"
+            )
 
 
 @dataclass
@@ -639,6 +701,40 @@ class TrainConfig:
         1_000_000_000, "auto picks fsdp from this many trainable parameters", ge=1
     )
 
+    def check(self, cfg: Config) -> None:
+        """The loss, the kernels and process counts the hardware allows, the draft's
+        options that exclude each other, and a warm start from outside train's outputs."""
+        _check_loss(self.loss)
+        hw = cfg.hardware
+        device = self.device or hw.device
+        if device == "cpu" and self.attn_implementation == "simple_flex_attention":
+            raise ConfigError(
+                "train.attn_implementation=simple_flex_attention has no CPU backward "
+                "(use sdpa_packed or sdpa on CPU)"
+            )
+        if (
+            device == "cuda"
+            and self.nproc is not None
+            and hw.gpu_count
+            and self.nproc > hw.gpu_count
+        ):
+            raise ConfigError(
+                f"train.nproc={self.nproc} exceeds hardware.gpu_count={hw.gpu_count} "
+                "(one worker per GPU)"
+            )
+        d = self.draft
+        if d.norm_before_fc and d.fc_norm:
+            raise ConfigError(
+                "train.draft.norm_before_fc and train.draft.fc_norm are exclusive "
+                "(one RMSNorm over the concatenated aux states, or one per state)"
+            )
+        if d.norm_before_fc and d.layer_type == DraftLayerType.mla:
+            raise ConfigError(
+                "train.draft.norm_before_fc=true: vLLM's MLA draft (deepseek_eagle3) has no "
+                "norm before fc and would drop it at serve time; leave it null (or use fc_norm)"
+            )
+        _check_init_from(self.init_from, cfg.paths)
+
 
 @dataclass
 class ValidateConfig:
@@ -727,6 +823,18 @@ class ValidateConfig:
         0.01, "|vLLM's acceptance length - ours| allowed in float32", ge=0
     )
 
+    def check(self, cfg: Config) -> None:
+        """The K sweep within the draft's steps, the serving sweeps, the prompt sets."""
+        k_max = cfg.train.speculative_tokens
+        bad_k = [k for k in self.k_sweep or [] if not 1 <= k <= k_max]
+        if bad_k:
+            raise ConfigError(
+                f"validate.k_sweep={self.k_sweep}: {bad_k} outside 1..{k_max} "
+                "(train.speculative_tokens: the draft is trained for that many steps)"
+            )
+        _check_serving_sweeps(self)
+        _check_prompt_sets(self, cfg.data.heldout_size)
+
 
 @dataclass
 class PathsConfig:
@@ -807,3 +915,99 @@ def register_schema() -> None:
     from hydra.core.config_store import ConfigStore
 
     ConfigStore.instance().store(name=SCHEMA_NAME, node=Config)
+
+
+# --------------------------------------------------------------------------- rules'
+# helpers (each called from the check of the section it concerns)
+
+
+def check_tiny_architecture(name: str) -> None:
+    """``model.tiny.architecture`` must name a family that has a tiny builder (a
+    :class:`TinyArchitecture`; also checked here for a config built in Python)."""
+    buildable = [a.value for a in TinyArchitecture]
+    if name not in buildable:
+        raise ConfigError(f"model.tiny.architecture={name!r} is not one of {', '.join(buildable)}")
+
+
+def _check_loss(spec: str) -> None:
+    """``train.loss``: one of speculators' loss names, or a JSON dict of them to weights."""
+    from eagle3_pipeline.core.choices import LossName
+
+    names = [n.value for n in LossName]
+    if spec in names:
+        return
+    try:
+        parsed = json.loads(spec)
+    except json.JSONDecodeError:
+        parsed = None
+    if not isinstance(parsed, dict) or not parsed:
+        raise ConfigError(
+            f"train.loss={spec!r}: use one of {', '.join(names)}, or a JSON dict "
+            'of them to weights, e.g. {"ce": 0.1, "tv": 0.9}'
+        )
+    for name, weight in parsed.items():
+        if name not in names or isinstance(weight, bool) or not isinstance(weight, int | float):
+            raise ConfigError(
+                f"train.loss: {name!r}: {weight!r} is not a loss name of "
+                f"{', '.join(names)} with a numeric weight"
+            )
+
+
+def _check_init_from(init: str | None, paths: PathsConfig) -> None:
+    """A warm start from train's own output: DVC deletes ``data/draft`` before train runs,
+    and each run would change the source it depends on (train would never be up to date),
+    so the user copies the draft out first."""
+    if init is None:
+        return
+    src = os.path.normpath(os.path.abspath(init))
+    for key in ("draft", "train_state"):
+        out = os.path.normpath(os.path.abspath(getattr(paths, key)))
+        if src == out or src.startswith(out + os.sep):
+            raise ConfigError(
+                f"train.init_from={init} is train's own output (paths.{key}): DVC deletes it "
+                "before train runs and every run would change it; copy it out first, e.g. "
+                f"cp -r {getattr(paths, key)} drafts/base && dvc exp run -S "
+                "train.init_from=drafts/base"
+            )
+
+
+def _check_serving_sweeps(v: ValidateConfig) -> None:
+    """The K sweep and concurrency levels vLLM is asked to serve (the temperature's range
+    is declared on its field: vLLM refuses a negative one and silently raises one under
+    0.01 to 0.01, which would mislabel the figure)."""
+    if v.k_sweep is not None:
+        if not v.k_sweep:
+            raise ConfigError("validate.k_sweep is empty: list K values (e.g. [1,2,3]) or null")
+        if len(set(v.k_sweep)) != len(v.k_sweep):
+            raise ConfigError(f"validate.k_sweep={v.k_sweep}: a K is named twice")
+    if not v.concurrency:
+        raise ConfigError("validate.concurrency is empty: list request counts (e.g. [1,4,16])")
+    bad = [c for c in v.concurrency if c < 1]
+    if bad:
+        raise ConfigError(
+            f"validate.concurrency={v.concurrency}: {bad} below 1 (requests in flight)"
+        )
+    if len(set(v.concurrency)) != len(v.concurrency):
+        raise ConfigError(f"validate.concurrency={v.concurrency}: a level is named twice")
+
+
+def _check_prompt_sets(v: ValidateConfig, heldout_size: int) -> None:
+    """``validate.prompt_sets`` (the names themselves are a Choice) and a subset no larger
+    than any set it is taken from."""
+    from eagle3_pipeline.core.choices import PROMPT_SET_SIZES
+
+    if not v.prompt_sets:
+        raise ConfigError("validate.prompt_sets is empty: name at least one (e.g. [heldout])")
+    names = [str(getattr(s, "value", s)) for s in v.prompt_sets]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"validate.prompt_sets={names}: a set is named twice")
+    if v.num_prompts is None:
+        return
+    sizes = {**PROMPT_SET_SIZES, "heldout": heldout_size}
+    for name in names:
+        if v.num_prompts > sizes[name]:
+            key = " (data.heldout_size)" if name == "heldout" else ""
+            raise ConfigError(
+                f"validate.num_prompts={v.num_prompts} exceeds prompt set {name} "
+                f"({sizes[name]} prompts{key}): lower it, or null for the whole set"
+            )
