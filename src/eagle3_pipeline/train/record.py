@@ -21,7 +21,7 @@ from eagle3_pipeline.runtime.gpu import GpuRelease
 
 @dataclass(frozen=True)
 class TrainRecipe:
-    """How the draft was trained, as ``bench/recipe.py`` and the README compare recipes."""
+    """How the draft was trained, as ``bench/recipe.py`` and docs/guide.md compare recipes."""
 
     optimizer: str  # train.optimizer
     lr: float  # AdamW's (and Muon's 1-D parameters')

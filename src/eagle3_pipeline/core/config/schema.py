@@ -561,7 +561,7 @@ class DraftShapeConfig:
     )
     # The EAGLE-3.1 options, read and applied by vLLM's llama_eagle3 from the speculators
     # config. On by default as in speculators' own recipe: with Muon they took the real
-    # model's vLLM acceptance length from 2.169 to 2.904 (bench/recipe.py, README).
+    # model's vLLM acceptance length from 2.169 to 2.904 (bench/recipe.py, docs/guide.md).
     # An RMSNorm over the concatenated aux states before ``fc`` (tensor ``input_norm``);
     # null: on, except beside fc_norm and for the mla layer (vLLM's MLA draft has no
     # input_norm); see `norm_before_fc_on()`.
