@@ -43,10 +43,6 @@ PKG = "eagle3_pipeline"
 SRC = Path(__file__).resolve().parents[2]  # the directory holding the package
 STAGES = ("preflight", "target", "prepare", "extract", "train", "validate")
 
-# A code dep line of dvc.yaml (generated), and a comment line standing among them.
-_CODE_DEP = re.compile(r"^\s+- src/eagle3_pipeline\S*\s*(#.*)?$")
-_COMMENT = re.compile(r"^\s+#")
-_STAGE = re.compile(r"^  (\w+):\s*$")
 _TEMPLATE = re.compile(r"\$\{([^}]+)\}")
 
 # The cached outputs no stage depends on, and why: what the pipeline makes for people.
@@ -255,57 +251,47 @@ def dataflow_problems(graph: dict[str, Any]) -> list[str]:
 
 def render(text: str) -> str:
     """``dvc.yaml``'s text with each stage's code deps replaced by :func:`code_deps` (the
-    first lines of its ``deps:``; comments and other deps kept) and, for a stage with an
-    input view, its ``params:`` by :func:`params`."""
+    first entries of its ``deps:``; other deps and every comment kept) and, for a stage with
+    an input view, its ``params:`` by :func:`params`: a YAML round trip (ruamel.yaml, which
+    DVC itself reads and writes ``dvc.yaml`` with), so comments and order survive."""
+    import io
+
+    from ruamel.yaml import YAML
+
     graph = yaml.safe_load(text)["stages"]
-    lines = text.splitlines()
-    out: list[str] = []
-    stage: str | None = None
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        m = _STAGE.match(line)
-        if m:
-            stage = m.group(1)
-        keys = (
-            params(stage, graph[stage]) if stage in STAGES and line.strip() == "params:" else None
-        )
-        if keys is not None:
-            out.append(line)
-            indent = len(line) - len(line.lstrip())
-            out.extend(f"{' ' * (indent + 2)}- {k}" for k in keys)
-            i += 1
-            while i < len(lines) and (
-                lines[i].strip().startswith(("- ", "#"))
-                and len(lines[i]) - len(lines[i].lstrip()) > indent
-            ):
-                i += 1
+    rt = YAML()
+    rt.preserve_quotes = True
+    rt.width = 4096  # never fold a long line
+    rt.indent(mapping=2, sequence=4, offset=2)
+    doc = rt.load(text)
+    for name, stage in doc["stages"].items():
+        if name not in STAGES:
             continue
-        if stage in STAGES and line.strip() == "deps:":
-            out.append(line)
-            indent = len(line) - len(line.lstrip())
-            out.extend(f"{' ' * (indent + 2)}- {d}" for d in code_deps(stage))
-            i += 1
-            # the block's other deps stay; old code deps and comments among them go
-            while i < len(lines) and (
-                not lines[i].strip() or len(lines[i]) - len(lines[i].lstrip()) > indent
-            ):
-                if not (
-                    _CODE_DEP.match(lines[i])
-                    or (_COMMENT.match(lines[i]) and _next_is_code_dep(lines, i))
-                ):
-                    out.append(lines[i])
-                i += 1
-            continue
-        out.append(line)
-        i += 1
-    return "\n".join(out) + ("\n" if text.endswith("\n") else "")
+        if stage.get("deps") is not None:
+            _replace_leading(
+                stage["deps"],
+                lambda d: isinstance(d, str) and d.startswith(f"src/{PKG}"),
+                code_deps(name),
+            )
+        keys = params(name, graph[name])
+        if stage.get("params") is not None and keys is not None:
+            _replace_leading(stage["params"], lambda p: isinstance(p, str), keys)
+    out = io.StringIO()
+    rt.dump(doc, out)
+    return out.getvalue()
 
 
-def _next_is_code_dep(lines: list[str], i: int) -> bool:
-    while i < len(lines) and _COMMENT.match(lines[i]):
-        i += 1
-    return i < len(lines) and bool(_CODE_DEP.match(lines[i]))
+def _replace_leading(seq: Any, generated: Any, items: list[str]) -> None:
+    """Drop the entries of ``seq`` (a round-trip sequence) that ``generated`` recognises and
+    put ``items`` first; the comment after its last entry stays after the last entry."""
+    tail = seq.ca.items.pop(len(seq) - 1, None) if len(seq) else None
+    for i in reversed(range(len(seq))):
+        if generated(seq[i]):
+            del seq[i]
+    for i, item in enumerate(items):
+        seq.insert(i, item)
+    if tail is not None and len(seq):
+        seq.ca.items[len(seq) - 1] = tail
 
 
 def main(argv: list[str] | None = None) -> int:
