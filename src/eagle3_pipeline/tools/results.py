@@ -118,8 +118,10 @@ def section(run: Run) -> list[str]:
         "",
         "| figure | value |",
         "|---|---|",
-        f"| acceptance length, our evaluator | {_f(v.acceptance_length)} "
-        f"({v.ours.prompts} prompts, {v.ours.tokens} tokens) |",
+        f"| acceptance length, our evaluator (tokens per target step) | "
+        f"{_f(v.acceptance_length)} ({v.ours.prompts} prompts, {v.ours.tokens} tokens) |",
+        f"| the same counted as vLLM counts (1 + accepted / drafts) | "
+        f"{_f(v.ours.vllm_style_acceptance_length)} |",
         f"| lossless (our evaluator, {v.dtype}) | {v.lossless_prompts} of {v.ours.prompts} |",
     ]
     if v.vllm is not None:
