@@ -207,8 +207,9 @@ def _section_leaves(cls: type, prefix: str) -> Iterator[tuple[str, type, str]]:
 def unread(view: type, reads: Reads) -> list[str]:
     """The dotted keys of ``view`` that no code reads: neither on the class that declares
     them (or a base it inherits the field from) nor on a Protocol that class is passed as.
-    A field holding a whole config section is checked down to the section's leaves, so a
-    section read only in part is reported (make it a sub-view of what is read)."""
+    A field holding a whole config section, once read, is checked down to the section's
+    leaves, so a section read only in part is reported (make it a sub-view of what is
+    read)."""
     protocols: dict[str, set[str]] = {}
     for a, p in passed_as(reads.passes):
         protocols.setdefault(a, set()).add(p)
@@ -224,10 +225,11 @@ def unread(view: type, reads: Reads) -> list[str]:
 
     out = []
     for key, owner, name in _leaves(view):
+        if not read(owner, name):
+            out.append(key)
+            continue
         section = _section(typing.get_type_hints(owner)[name])
-        if section is None:
-            out += [] if read(owner, name) else [key]
-        else:  # the view holds the whole section: each of its leaves must be read
+        if section is not None:  # the view holds the whole section: each leaf must be read
             out += [
                 k for k, cls, leaf in _section_leaves(section, f"{key}.") if not read(cls, leaf)
             ]
