@@ -10,6 +10,9 @@ Why a schema version: a file of another version (or one written before records w
 versioned, or missing a key) is refused with one line naming the file and the stage that
 rebuilds it, instead of a reader guessing at an older layout.
 
+Reading validates the file against the dataclass with pydantic (strict, JSON mode), and
+words its first error as ``key <dotted key>: expected <type>, found ...``.
+
 Two field kinds besides plain ones: :func:`optional` (written only when set, so keys a
 run does not produce -- the vLLM figures without ``validate.vllm`` -- stay absent as
 before) and :func:`headline` (the figures DVC shows, see :mod:`eagle3_pipeline.core.metrics`).
@@ -18,12 +21,15 @@ before) and :func:`headline` (the figures DVC shows, see :mod:`eagle3_pipeline.c
 from __future__ import annotations
 
 import enum
+import functools
 import json
 import types
 import typing
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, ClassVar, NoReturn, TypeVar
+
+import pydantic
 
 from eagle3_pipeline.core.errors import StageError, rebuild_hint
 from eagle3_pipeline.core.io import atomic_write_json
@@ -116,15 +122,10 @@ class Record:
         missing = [k for k in cls.required_keys() if k not in data]
         if missing:
             cls._refuse(source, f"missing key(s) {', '.join(missing)}")
-        hints = _hints(cls)
-        values: dict[str, Any] = {}
-        for f in fields(cls):
-            if f.name in data:
-                try:
-                    values[f.name] = _coerce(data[f.name], hints[f.name], f.name)
-                except _WrongType as exc:
-                    cls._refuse(source, str(exc))
-        return cls(**values)
+        try:
+            return _adapter(cls).validate_json(json.dumps(data), strict=True)
+        except pydantic.ValidationError as exc:
+            cls._refuse(source, explain(exc, cls, data))
 
     @classmethod
     def read(cls: type[R], path: str | Path) -> R:
@@ -175,23 +176,26 @@ def plain(value: Any) -> Any:
     return value
 
 
-class _WrongType(ValueError):
-    """A value that is not of its field's declared type (message: the key and both types);
-    ``key``: the dotted key the message names."""
-
-    def __init__(self, message: str, key: str) -> None:
-        super().__init__(message)
-        self.key = key
+_ADAPTERS: dict[type, pydantic.TypeAdapter[Any]] = {}
 
 
-_HINTS: dict[type, dict[str, Any]] = {}
+def _adapter(cls: type[R]) -> pydantic.TypeAdapter[R]:
+    """pydantic's validator for a record class (built once: building it walks every type).
+
+    Why pydantic, in strict JSON mode: a record read back is trusted by the stage that
+    reads it, so a figure of the wrong type (a hand-edited or foreign file) must be refused
+    where it is read, not fail later inside arithmetic far from the file; strict refuses
+    ``"3"`` for an int and ``true`` for a count, JSON mode still takes an Enum's value, a
+    list for a tuple and an int for a float (JSON has one number type)."""
+    if cls not in _ADAPTERS:
+        _ADAPTERS[cls] = pydantic.TypeAdapter(cls)
+    return _ADAPTERS[cls]
 
 
+@functools.cache
 def _hints(cls: type) -> dict[str, Any]:
-    """The resolved field types of a dataclass (its annotations are strings), cached."""
-    if cls not in _HINTS:
-        _HINTS[cls] = typing.get_type_hints(cls)
-    return _HINTS[cls]
+    """The resolved field types of a dataclass (its annotations are strings)."""
+    return typing.get_type_hints(cls)
 
 
 def _name(tp: Any) -> str:
@@ -202,94 +206,90 @@ def _name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
-def _coerce(value: Any, tp: Any, key: str) -> Any:
-    """``value`` (parsed JSON) as declared type ``tp``: checked all the way down, nested
-    dataclasses and Enums built from their JSON form; :class:`_WrongType` names ``key``
-    (dotted into nested fields, ``[i]`` into lists) and both types.
+Loc = tuple[int | str, ...]
 
-    Why here and not in each reader: a record read back is trusted by the stage that
-    reads it, so a figure of the wrong type (a hand-edited or foreign file) must be
-    refused where it is read, in one line naming the file and the key, not fail later
-    inside arithmetic far from the file."""
-    if tp is Any:
-        return value
+
+def explain(exc: pydantic.ValidationError, cls: type, data: Any) -> str:
+    """pydantic's first error as this pipeline words it: ``key <dotted key>: expected
+    <type>, found <type> <value>`` or ``key <dotted key>: missing <fields>``.
+
+    pydantic's locations name the alternative of a union they were tried against (``disk
+    .DiskReading.fits``); the key a user edits has no such step, so the location is walked
+    along the declared types. At a union, the one alternative whose errors all lie deeper
+    than the union's own key (the value has its shape) says what is wrong; otherwise the
+    union itself is named."""
+    errors = [(tuple(e["loc"]), e["type"]) for e in exc.errors()]
+    return _explain_at(cls, data, (), errors, errors[0][0])
+
+
+def _explain_at(tp: Any, value: Any, key: Loc, errors: list[tuple[Loc, str]], first: Loc) -> str:
+    """The message for the first of ``errors`` (locations relative to ``value``, whose
+    declared type is ``tp`` and dotted key ``key``)."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
+        members = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(members) == 1:
+            return _explain_at(members[0], value, key, errors, first)
+        tags = {_tag(m): m for m in members}
+        if not first or first[0] not in tags:  # the value fits no alternative's shape
+            return _wrong(value, tp, key)
+        shaped = {
+            tag: [(loc[1:], kind) for loc, kind in errors if loc and loc[0] == tag] for tag in tags
+        }
+        inside = [
+            tag
+            for tag, errs in shaped.items()
+            if errs and all(_deeper(loc, kind) for loc, kind in errs)
+        ]
+        if len(inside) != 1:
+            return _wrong(value, tp, key)
+        tag = inside[0]
+        errs = shaped[tag]
+        return _explain_at(tags[tag], value, key, errs, errs[0][0])
+    if not first:
+        return _wrong(value, tp, key)
+    step, rest = first[0], first[1:]
+    if is_dataclass(tp) and isinstance(tp, type):
+        gone = [str(loc[0]) for loc, kind in errors if kind == "missing" and len(loc) == 1]
+        if gone:  # the value lacks fields: named first, all of them
+            return f"key {_dotted(key)}: missing {', '.join(gone)}"
+        inner_tp = _hints(tp)[str(step)]
+    elif origin is dict:
+        inner_tp = (typing.get_args(tp) or (Any, Any))[1]
+    elif origin is tuple:
         args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(value, arg, key)
-            except _WrongType as exc:
-                errors.append(exc)
-        # one alternative the value has the shape of (its error is inside, at a deeper
-        # key: a union of dataclasses): that one's error says what is wrong
-        inside = [e for e in errors if e.key != key]
-        if len(errors) == 1 or len(inside) == 1:
-            raise (inside or errors)[0]
-        raise _WrongType(_message(value, tp, key), key)
-    if origin is typing.Literal:
-        if value in typing.get_args(tp):
-            return value
-        raise _WrongType(_message(value, tp, key), key)
-    if origin in (list, tuple, dict):
-        args = typing.get_args(tp)
-        if origin is dict:
-            if not isinstance(value, dict):
-                raise _WrongType(_message(value, tp, key), key)
-            kt, vt = args or (Any, Any)
-            return {
-                _coerce(k, kt, f"{key}.{k}"): _coerce(v, vt, f"{key}.{k}") for k, v in value.items()
-            }
-        if not isinstance(value, list | tuple):
-            raise _WrongType(_message(value, tp, key), key)
-        if origin is tuple and args and args[-1] is not Ellipsis:
-            if len(args) != len(value):
-                raise _WrongType(_message(value, tp, key), key)
-            return tuple(
-                _coerce(v, t, f"{key}[{i}]")
-                for i, (v, t) in enumerate(zip(value, args, strict=True))
-            )
-        item = args[0] if args else Any
-        items = [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
-        return tuple(items) if origin is tuple else items
-    if isinstance(tp, type):
-        if is_dataclass(tp):
-            if isinstance(value, tp):
-                return value
-            if not isinstance(value, dict):
-                raise _WrongType(_message(value, tp, key), key)
-            hints = _hints(tp)
-            names = {f.name for f in fields(tp)}
-            missing = [
-                f.name
-                for f in fields(tp)
-                if f.default is MISSING and f.default_factory is MISSING and f.name not in value
-            ]
-            if missing:
-                raise _WrongType(f"key {key}: missing {', '.join(missing)}", key)
-            return tp(
-                **{k: _coerce(v, hints[k], f"{key}.{k}") for k, v in value.items() if k in names}
-            )
-        if issubclass(tp, enum.Enum):
-            try:
-                return tp(value)
-            except ValueError:
-                raise _WrongType(_message(value, tp, key), key) from None
-        if tp is float:
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                return value
-            raise _WrongType(_message(value, tp, key), key)
-        if tp is int and isinstance(value, bool):
-            raise _WrongType(_message(value, tp, key), key)
-        if isinstance(value, tp):
-            return value
-        raise _WrongType(_message(value, tp, key), key)
-    return value  # a construct this checker does not know: taken as written
+        inner_tp = args[0] if len(args) == 2 and args[1] is Ellipsis else args[int(step)]
+    elif origin is list:
+        inner_tp = (typing.get_args(tp) or (Any,))[0]
+    else:
+        return _wrong(value, tp, key)
+    inner = value.get(step) if isinstance(value, dict) else None
+    if isinstance(value, list) and isinstance(step, int) and step < len(value):
+        inner = value[step]
+    sub = [(loc[1:], kind) for loc, kind in errors if loc[:1] == (step,)]
+    return _explain_at(inner_tp, inner, (*key, step), sub, rest)
+
+
+def _deeper(loc: Loc, kind: str) -> bool:
+    """An error below the value itself: inside a field, not the value's own type (a
+    missing field is the value's own: it lacks the field)."""
+    return len(loc) > (1 if kind == "missing" else 0)
+
+
+def _tag(tp: Any) -> str:
+    """How pydantic names a union's alternative in an error's location."""
+    return tp.__name__ if isinstance(tp, type) else str(tp)
+
+
+def _dotted(key: Loc) -> str:
+    out = ""
+    for step in key:
+        out += f"[{step}]" if isinstance(step, int) else (f".{step}" if out else str(step))
+    return out
+
+
+def _wrong(value: Any, tp: Any, key: Loc) -> str:
+    return _message(value, tp, _dotted(key))
 
 
 def _message(value: Any, tp: Any, key: str) -> str:
