@@ -47,11 +47,13 @@ LAYERS = (
 )
 
 # Run inside the separate vLLM environment, where this package is installed without its
-# dependencies: the standard library, what that environment has, the counters and our plugin.
+# dependencies: the standard library, what that environment has, the counters (and the
+# formulas they use) and our plugin.
 VLLM_ENV_MODULES = {
     f"{PKG}.serving.worker": {f"{PKG}.serving.counters", f"{PKG}.compat.vllm_expand"},
     f"{PKG}.serving.connector": {f"{PKG}.serving.counters"},
-    f"{PKG}.serving.counters": set(),
+    f"{PKG}.serving.counters": {f"{PKG}.serving.figures"},
+    f"{PKG}.serving.figures": set(),
     # a vLLM plugin (entry point in pyproject.toml): loaded by every vLLM process
     f"{PKG}.compat.vllm_expand": set(),
 }

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from eagle3_pipeline.core.config import Config, ValidateConfig
 from eagle3_pipeline.serving.counters import counter_delta
+from eagle3_pipeline.serving.figures import acceptance_length, speedup, tokens_per_s
 from eagle3_pipeline.validate.vllm import (
     _scrape,
     acceptance_figures,
@@ -153,11 +155,13 @@ def test_stage_writes_metrics_report_plot_and_model_card(workdir: Path) -> None:
     )  # vLLM generated exactly our decoder's tokens
     # tokens/s is the generated tokens over the generation pass, never over the engine's load
     for run in ("with_draft", "without_draft"):
-        assert v[f"tokens_per_s_{run}"] == pytest.approx(v["generated_tokens"] / v["wall_s"][run])
+        assert v[f"tokens_per_s_{run}"] == pytest.approx(
+            tokens_per_s(v["generated_tokens"], v["wall_s"][run])
+        )
         assert v["wall_s"][run] > 0
-    # the same tokens both ways (lossless): the speedup is the ratio of the passes' times
+    # the speedup is the ratio of the two passes' tokens/s over the same prompts
     assert m["vllm_speedup"] == pytest.approx(
-        v["wall_s"]["without_draft"] / v["wall_s"]["with_draft"]
+        speedup(v["tokens_per_s_with_draft"], v["tokens_per_s_without_draft"])
     )
     assert v["workarounds"]["with_draft"]["env"].get("VLLM_MLA_DISABLE") == "1"
     assert "VLLM_MLA_DISABLE" not in v["workarounds"]["without_draft"]["env"]
@@ -179,7 +183,8 @@ def test_stage_writes_metrics_report_plot_and_model_card(workdir: Path) -> None:
     }
     # the held-out set alone: the serving figures stay in the details (the table's width)
     assert "acceptance_by_set_sampled" not in m and "vllm_speedup_by_concurrency" not in m
-    assert m["vllm"]["sampled"]["temperature"] == 0.7 and m["vllm"]["sampled"]["num_drafts"] > 0
+    sampled = m["vllm"]["sampled"]
+    assert sampled["temperature"] == ValidateConfig().temperature and sampled["num_drafts"] > 0
     # 3 prompts: levels 4 and 16 skipped, 1 is the single stream above
     assert m["vllm"]["concurrency"]["skipped"] == [4, 16]
     assert [r["concurrency"] for r in m["vllm"]["concurrency"]["levels"]] == [1]
@@ -244,14 +249,17 @@ def test_every_prompt_set_gets_vllms_own_figures_equal_to_ours(
     assert "| mt_bench, turn 2 | 2 |" in report and "mt_bench per category" in report
     assert "K=3, temperature 0" in report and "concurrency 1" in report
     assert (out / "acceptance_by_set.png").read_bytes()[:4] == b"\x89PNG"
-    # the sampled pass (validate.temperature's default 0.7), per set from vLLM's counters
+    # the sampled pass (validate.temperature's default), per set from vLLM's counters
     sampled = m["vllm"]["sampled"]
-    assert (sampled["temperature"], sampled["seed"]) == (0.7, 0)
+    assert (sampled["temperature"], sampled["seed"]) == (
+        ValidateConfig().temperature,
+        Config().seed,
+    )
     assert list(sampled["sets"]) == m["prompt_sets"]
     assert sum(f["num_drafts"] for f in sampled["sets"].values()) == sampled["num_drafts"] > 0
     for f in [sampled, *sampled["sets"].values()]:
         assert f["mean_acceptance_length"] == pytest.approx(
-            1 + f["num_accepted_tokens"] / f["num_drafts"]
+            acceptance_length(f["num_accepted_tokens"], f["num_drafts"])
         )
     assert m["acceptance_by_set_sampled"] == {
         s: f["mean_acceptance_length"] for s, f in sampled["sets"].items()

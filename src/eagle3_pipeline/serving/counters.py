@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from eagle3_pipeline.serving.figures import tokens_per_s
+
 COUNTERS = {
     "vllm:spec_decode_num_drafts": "drafts",
     "vllm:spec_decode_num_draft_tokens": "draft_tokens",
@@ -33,7 +35,7 @@ def generation_run(
         "outputs": outputs,
         "generated_tokens": generated,
         "wall_s": wall_s,
-        "tokens_per_s": generated / wall_s if wall_s > 0 else None,
+        "tokens_per_s": tokens_per_s(generated, wall_s),
         "counters": counter_delta(after, before),
         **extra,
     }

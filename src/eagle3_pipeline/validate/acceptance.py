@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from eagle3_pipeline.core.config import ConfigError
+from eagle3_pipeline.serving.figures import acceptance_length
 from eagle3_pipeline.validate.record import Divergence, OursFigures
 
 log = logging.getLogger(__name__)
@@ -605,7 +606,7 @@ def pool(results: Sequence[PromptResult], k: int, max_new_tokens: int) -> Accept
         accepted=accepted,
         accepted_per_pos=per_pos,
         acceptance_length=step_tokens / steps if steps else None,
-        vllm_style_acceptance_length=1 + accepted / steps if steps else None,
+        vllm_style_acceptance_length=acceptance_length(accepted, steps),
         per_position_rate=rate,
         per_position_conditional=cond,
         lossless=all(r.lossless for r in checked) if checked else None,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from eagle3_pipeline.serving.figures import speedup
 from eagle3_pipeline.serving.offline import Pass
 from eagle3_pipeline.serving.result import GenerationPass
 from eagle3_pipeline.validate.by_set import vllm_by_set
@@ -109,7 +110,7 @@ def concurrency_figures(
                 concurrency=c,
                 tokens_per_s_with_draft=tps_d,
                 tokens_per_s_without_draft=tps_b,
-                speedup=tps_d / tps_b if tps_d and tps_b else None,
+                speedup=speedup(tps_d, tps_b),
                 acceptance_length=acceptance_figures(d.counters).mean_acceptance_length,
                 same_outputs=d.outputs == b.outputs,
                 generated_tokens=d.generated_tokens,

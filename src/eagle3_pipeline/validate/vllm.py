@@ -37,6 +37,7 @@ from eagle3_pipeline.serving.counters import (
     generation_run,
 )
 from eagle3_pipeline.serving.engine import Engine
+from eagle3_pipeline.serving.figures import acceptance_length, position_rates, speedup
 from eagle3_pipeline.serving.offline import Pass
 from eagle3_pipeline.serving.result import GenerationPass, VllmResultError, VllmRun
 from eagle3_pipeline.serving.server import engine_server
@@ -93,8 +94,8 @@ def acceptance_figures(c: dict[str, Any]) -> VllmAcceptance:
         num_draft_tokens=int(c.get("draft_tokens", 0)),
         num_accepted_tokens=int(c.get("accepted", 0)),
         num_accepted_tokens_per_pos=per_pos,
-        mean_acceptance_length=1 + c.get("accepted", 0) / d if d else None,
-        per_position_rate=[x / d for x in per_pos] if d else [],
+        mean_acceptance_length=acceptance_length(int(c.get("accepted", 0)), d),
+        per_position_rate=position_rates(per_pos, d),
     )
 
 
@@ -279,7 +280,7 @@ def compare(
         generated_tokens=draft_run.generated_tokens,
         tokens_per_s_with_draft=tps_d,
         tokens_per_s_without_draft=tps_p,
-        speedup=tps_d / tps_p if tps_d and tps_p else None,
+        speedup=speedup(tps_d, tps_p),
         engine_load_s=load_s or EnginePair(None, None),
         # the generation passes the tokens/s are measured over (engine load excluded)
         wall_s=EnginePair(speed_d.wall_s, speed_p.wall_s),
@@ -316,7 +317,7 @@ def k_sweep_figures(
                 acceptance_length=fig.mean_acceptance_length,
                 per_position_rate=fig.per_position_rate,
                 tokens_per_s=tps,
-                speedup=tps / base if tps and base else None,
+                speedup=speedup(tps, base),
                 lossless=run.outputs == plain_run.outputs,
             )
         )
