@@ -24,6 +24,8 @@ from commands import command_env, dvc, run_ok
 from workdirs import commit_all
 from workdirs import repo_copy as repo_copy_of_project
 
+from eagle3_pipeline.serving.figures import acceptance_length, position_rates
+
 REPO = Path(__file__).resolve().parents[2]
 STAGES = ["preflight", "target", "prepare", "extract", "train", "validate"]
 
@@ -128,9 +130,9 @@ def test_repro_end_to_end_then_cached_then_train_only_change(repo_copy: Path):
     # tokens (2.6 with this reduced config; an untrained draft scores about 1)
     steps, per_pos = validate["ours"]["steps"], validate["ours"]["accepted_per_pos"]
     assert validate["ours"]["vllm_style_acceptance_length"] == pytest.approx(
-        1 + sum(per_pos) / steps
+        acceptance_length(sum(per_pos), steps)
     )
-    assert validate["ours"]["per_position_rate"] == pytest.approx([c / steps for c in per_pos])
+    assert validate["ours"]["per_position_rate"] == pytest.approx(position_rates(per_pos, steps))
     assert (
         1.5
         < validate["acceptance_length"]
@@ -266,7 +268,7 @@ def test_tiny_llama_runs_the_whole_graph(repo_copy: Path):
     # the tiny Llama's reduced draft learns less (measured 1.44; an untrained one scores 1.0)
     steps, per_pos = validate["ours"]["steps"], validate["ours"]["accepted_per_pos"]
     assert validate["ours"]["vllm_style_acceptance_length"] == pytest.approx(
-        1 + sum(per_pos) / steps
+        acceptance_length(sum(per_pos), steps)
     )
     assert (
         1.2
