@@ -104,7 +104,7 @@ def measure(work: Path, dtype: str, args: argparse.Namespace) -> Row:
     overrides = [*DEFAULTS, *args.overrides, f"train.dtype={dtype}"]
     cfg = load_workdir_config(work, overrides)
     plan = plan_training(TrainInputs.from_config(cfg))
-    ours = DraftTrainer(TrainInputs.from_config(cfg), plan, Dist(), progress=False)
+    ours = DraftTrainer(plan, Dist(), progress=False)
     # speculators' stock path: its Trainer, and the draft with its own attention for the
     # device (sdpa: flex attention has no CPU backward; on CUDA both use flex attention)
     stock = (
@@ -114,12 +114,7 @@ def measure(work: Path, dtype: str, args: argparse.Namespace) -> Row:
             work, [*overrides, "train.attn_implementation=sdpa", "train.loss_implementation=eager"]
         )
     )
-    other = DraftTrainer(
-        TrainInputs.from_config(stock),
-        plan_training(TrainInputs.from_config(stock)),
-        Dist(),
-        progress=False,
-    )
+    other = DraftTrainer(plan_training(TrainInputs.from_config(stock)), Dist(), progress=False)
     all_batches = ours.epoch_batches(ours.train_ds, 0)
     need = args.steps * args.trials + 1
     while len(all_batches) < need:

@@ -150,7 +150,7 @@ def test_online_extract_writes_only_the_manifest(tiny_target: Path, tmp_path: Pa
         plan = plan_training(TrainInputs.from_config(cfg))
         assert plan.online is not None and plan.online.dtype == "float32"
         with pytest.raises(TrainingError, match="EAGLE3_ONLINE_URL"):
-            DraftTrainer(TrainInputs.from_config(cfg), plan, Dist(), progress=False)
+            DraftTrainer(plan, Dist(), progress=False)
     finally:
         os.chdir(old)
 

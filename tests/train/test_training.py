@@ -314,15 +314,27 @@ def test_refuses_a_file_whose_tokens_differ_from_its_row(kimi_data: Path, run_in
 
 
 def test_tiny_llama_trains_through_the_same_path(
-    tiny_llama_target: Path, tmp_path: Path, run_in
+    tiny_llama_target: Path, tmp_path: Path, run_in, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     src = tmp_path / "llama_src"
     shutil.copytree(tiny_llama_target, src)
     make_training_data(src, "model=tiny_llama", "train.samples=12")
     work = run_in(src)
+    import eagle3_pipeline.train.launch as launch
+    import eagle3_pipeline.train.plan as plan
     from eagle3_pipeline.stages.train import main
 
+    plans: list[Any] = []  # the stage plans once, and the run never goes back to its view
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        plans.append(real(*args, **kwargs))
+        return plans[-1]
+
+    real = plan.plan_training
+    monkeypatch.setattr(plan, "plan_training", counted)
+    monkeypatch.setattr(launch, "plan_training", counted)
     main([*REDUCED, "model=tiny_llama", "train.epochs=1", "train.max_steps=2"])
+    assert len(plans) == 1
     m = json.loads((work / "metrics/details/train.json").read_text())
     assert m["steps"] == 2 and m["draft_shape"]["head_dim"] == 32
     cfg = json.loads((work / "data/draft/config.json").read_text())
@@ -711,9 +723,7 @@ def test_an_mla_draft_trains_and_a_warm_start_takes_its_weights_exactly(
     config = load_config(warm)
     plan = plan_training(TrainInputs.from_config(config))
     assert plan.init is not None and plan.init.format == "mla"
-    model = DraftTrainer(
-        TrainInputs.from_config(config), plan, init_distributed("cpu"), progress=False
-    ).model
+    model = DraftTrainer(plan, init_distributed("cpu"), progress=False).model
     source = load_trained_draft(work / "source", work / "data/target/model")
     want = source.state_dict()
     for name, tensor in model.state_dict().items():
@@ -788,9 +798,7 @@ def test_a_warm_start_from_an_original_eagle3_repository(kimi_data: Path, run_in
     plan = plan_training(TrainInputs.from_config(config))
     assert plan.init is not None and plan.init.format == "eagle3"
     assert plan.init_dir == Path("data/train_state/init_converted")
-    model = DraftTrainer(
-        TrainInputs.from_config(config), plan, init_distributed("cpu"), progress=False
-    ).model
+    model = DraftTrainer(plan, init_distributed("cpu"), progress=False).model
     state = model.state_dict()
     for name, tensor in weights.items():
         torch.testing.assert_close(state[name], tensor, rtol=0, atol=0, msg=name)

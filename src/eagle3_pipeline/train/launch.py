@@ -46,7 +46,7 @@ def run_training(
             node = this_node(plan.runtime.nodes)
             record = launch_torchrun(cfg, plan.runtime.world_size, plan.runtime.device, node)
         else:
-            record = train(cfg)
+            record = train(plan)
     if record is None:
         return None  # node 0 records the run
     if plan.runtime.device == "cuda":

@@ -58,7 +58,6 @@ from eagle3_pipeline.train.state import (
     save_state,
     trainable_state,
 )
-from eagle3_pipeline.train.view import TrainInputs
 
 log = logging.getLogger(__name__)
 
@@ -79,12 +78,13 @@ class _RunCounters:
 class DraftTrainer:
     """One training run (one process, or one torchrun rank)."""
 
-    def __init__(self, cfg: TrainInputs, plan: TrainPlan, d: Dist, progress: bool = True) -> None:
+    def __init__(self, plan: TrainPlan, d: Dist, progress: bool = True) -> None:
         import torch
 
-        self.cfg, self.plan, self.d, self.progress = cfg, plan, d, progress
-        self.t = cfg.train
-        self.k = cfg.train.speculative_tokens
+        self.plan, self.d, self.progress = plan, d, progress
+        self.t = plan.train
+        self.seed = plan.seed
+        self.k = plan.train.speculative_tokens
         rt = plan.runtime
         self.device = torch.device(f"cuda:{d.local_rank}" if rt.device == "cuda" else "cpu")
         self.attn = rt.attn_implementation or cuda_attention(self.device, plan.shape)
@@ -141,7 +141,7 @@ class DraftTrainer:
         import torch
 
         p = self.plan
-        torch.manual_seed(self.cfg.seed)
+        torch.manual_seed(self.seed)
         source = None
         if p.init_dir is not None:  # warm start: the source's weights and vocabulary
             source = warm_start.load_source(p.init_dir, target_model_dir(p.spec))
@@ -176,7 +176,7 @@ class DraftTrainer:
 
     def epoch_batches(self, ds: Any, epoch: int) -> list[list[int]]:
         """This rank's batches (row ids) of ``epoch`` of ``ds``."""
-        return epoch_batches(ds, self.t, self.cfg.seed, self.d, epoch)
+        return epoch_batches(ds, self.t, self.seed, self.d, epoch)
 
     def loader(self, ds: Any, batches: list[list[int]]) -> Any:
         """Collated batches of ``ds`` in the order of ``batches``."""
@@ -226,7 +226,7 @@ class DraftTrainer:
             return
         hs = batch["hidden_states"]
         gen = torch.Generator(device="cpu").manual_seed(
-            (self.cfg.seed * 1_000_003 + step * 7919 + self.d.rank) % (2**63)
+            (self.seed * 1_000_003 + step * 7919 + self.d.rank) % (2**63)
         )
         noise = torch.rand(hs.shape, generator=gen, dtype=torch.float32)
         noise.sub_(0.5).mul_(self.t.hidden_noise)  # in place: the same values, no copies

@@ -3,6 +3,11 @@
 The stage plans before it launches torchrun, so that a refused setting or a bad input is
 one line from the stage instead of N tracebacks from N workers; each worker plans again
 (cheap: no tensors are read) and gets the same answer.
+
+Why the plan carries the settings the run reads (``train``, ``seed``, the recipe and the
+names the record keeps): a parameter goes one way through a process -- plan, then run
+(:mod:`~eagle3_pipeline.train.run`, :class:`~eagle3_pipeline.train.loop.DraftTrainer`),
+then record -- and nothing after the plan goes back to the stage's input view.
 """
 
 from __future__ import annotations
@@ -12,11 +17,13 @@ import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from eagle3_pipeline.core.config import TrainConfig, norm_before_fc_on
 from eagle3_pipeline.draft.shape import DraftShape, check_train_config, special_token_ids
 from eagle3_pipeline.targets.adapter import TargetSpec, load_target_spec
 from eagle3_pipeline.train.errors import TrainingError
 from eagle3_pipeline.train.inputs import check_hidden_states, count_rows, target_model_dir
 from eagle3_pipeline.train.online import OnlineSource
+from eagle3_pipeline.train.record import TrainRecipe
 from eagle3_pipeline.train.runtime import Runtime, choose_parallel, resolve_runtime
 from eagle3_pipeline.train.view import TrainInputs
 from eagle3_pipeline.train.warm_start import (
@@ -55,6 +62,11 @@ class TrainPaths:
 class TrainPlan:
     """Everything checked before any training starts (the stage checks it before launching)."""
 
+    train: TrainConfig  # the run's settings (``train.*``)
+    seed: int  # the seed of the model's initialisation and of the batches' order
+    target: str  # model.name, recorded in the details
+    hardware: str  # hardware.name, recorded in the details
+    recipe: TrainRecipe  # the optimisation recipe as the details record it
     spec: TargetSpec
     shape: DraftShape
     runtime: Runtime
@@ -101,8 +113,33 @@ def plan_training(cfg: TrainInputs, paths: TrainPaths | None = None) -> TrainPla
         )
         init_dir = speculators_dir(init, tdir, paths.state, spec)
     fp = fingerprint(cfg, spec, shape, n_rows, runtime, "online" if online else "offline", init)
+    t = cfg.train
     return TrainPlan(
-        spec, shape, runtime, paths, n_rows, required, fp, reason, online, init, init_dir
+        train=t,
+        seed=cfg.seed,
+        target=cfg.model.name,
+        hardware=cfg.hardware.name,
+        recipe=TrainRecipe(
+            optimizer=str(t.optimizer),
+            lr=t.lr,
+            muon_lr=t.muon_lr,
+            scheduler=str(t.scheduler),
+            norm_before_fc=norm_before_fc_on(t.draft),
+            fc_norm=t.draft.fc_norm,
+            norm_output=t.draft.norm_output,
+            ttt_step_loss_decay=t.ttt_step_loss_decay,
+        ),
+        spec=spec,
+        shape=shape,
+        runtime=runtime,
+        paths=paths,
+        n_rows=n_rows,
+        required_tokens=required,
+        fingerprint=fp,
+        parallel_reason=reason,
+        online=online,
+        init=init,
+        init_dir=init_dir,
     )
 
 

@@ -1,4 +1,8 @@
-"""One training run in this process: the whole run on CPU, or one torchrun rank."""
+"""One training run in this process: the whole run on CPU, or one torchrun rank.
+
+It runs a plan (:func:`~eagle3_pipeline.train.plan.plan_training`, made once per process by
+the caller) and records what it did: the settings come from the plan, never from the
+stage's input view again."""
 
 from __future__ import annotations
 
@@ -6,7 +10,6 @@ import resource
 import time
 from typing import Any
 
-from eagle3_pipeline.core.config import norm_before_fc_on
 from eagle3_pipeline.runtime.gpu import GpuRelease
 from eagle3_pipeline.train.distributed import (
     close_distributed,
@@ -15,26 +18,24 @@ from eagle3_pipeline.train.distributed import (
     local_fraction,
 )
 from eagle3_pipeline.train.loop import DraftTrainer
-from eagle3_pipeline.train.plan import plan_training
-from eagle3_pipeline.train.record import InitFrom, TrainRecipe, TrainRecord
+from eagle3_pipeline.train.plan import TrainPlan
+from eagle3_pipeline.train.record import InitFrom, TrainRecord
 from eagle3_pipeline.train.save import save_draft
 from eagle3_pipeline.train.state import full_state_dict
-from eagle3_pipeline.train.view import TrainInputs
 
 # ``gpu`` in the record the workers return: the stage replaces it with NVML's reading
 NOT_READ_BY_WORKERS = "not read yet: the train stage reads NVML once its workers exited"
 
 
-def train(cfg: TrainInputs, progress: bool = True) -> TrainRecord | None:
+def train(plan: TrainPlan, progress: bool = True) -> TrainRecord | None:
     """Train (or resume) the draft; on rank 0 write data/draft and the curves (dvclive).
 
     Returns the run's record as rank 0 sees it (:func:`run_record`), None on other ranks.
     """
     t_start = time.perf_counter()
-    plan = plan_training(cfg)
     d = init_distributed(plan.runtime.device)
     try:
-        trainer = DraftTrainer(cfg, plan, d, progress=progress)
+        trainer = DraftTrainer(plan, d, progress=progress)
         result = trainer.run()
         # under FSDP a gather (every rank), rank 0 saves; else the model's own state dict
         full = full_state_dict(trainer.model, "fsdp") if trainer.parallel == "fsdp" else None
@@ -48,11 +49,11 @@ def train(cfg: TrainInputs, progress: bool = True) -> TrainRecord | None:
             else:
                 trainer.model.load_state_dict(chosen.best_weights, strict=False)
         config = save_draft(
-            trainer.model, plan.paths.draft, cfg.train.speculative_tokens, state_dict=full
+            trainer.model, plan.paths.draft, plan.train.speculative_tokens, state_dict=full
         )
         if trainer.curves is not None:
             trainer.curves.finish(trainer.history, trainer.k, float(result["val"]["loss"]))
-        return run_record(cfg, trainer, result, config, time.perf_counter() - t_start)
+        return run_record(trainer, result, config, time.perf_counter() - t_start)
     finally:
         close_distributed(d)
 
@@ -71,7 +72,6 @@ def _rate(amount: float, seconds: float) -> float:
 
 
 def run_record(
-    cfg: TrainInputs,
     trainer: DraftTrainer,
     result: dict[str, Any],
     draft_config: dict[str, Any],
@@ -118,20 +118,11 @@ def run_record(
         parallel_reason=plan.parallel_reason if d.world > 1 else "one process",
         distributed_backend=dist_backend(plan.runtime.device) if d.world > 1 else None,
         data_parallel=list(trainer.sharding),
-        hardware=cfg.hardware.name,
-        target=cfg.model.name,
+        hardware=plan.hardware,
+        target=plan.target,
         draft_shape=plan.shape,
-        draft_vocab_size=cfg.train.draft_vocab_size,
-        recipe=TrainRecipe(
-            optimizer=str(cfg.train.optimizer),
-            lr=cfg.train.lr,
-            muon_lr=cfg.train.muon_lr,
-            scheduler=str(cfg.train.scheduler),
-            norm_before_fc=norm_before_fc_on(cfg.train.draft),
-            fc_norm=cfg.train.draft.fc_norm,
-            norm_output=cfg.train.draft.norm_output,
-            ttt_step_loss_decay=cfg.train.ttt_step_loss_decay,
-        ),
+        draft_vocab_size=plan.train.draft_vocab_size,
+        recipe=plan.recipe,
         required_tokens=dict(plan.required_tokens),
         aux_layer_ids=[int(i) for i in aux] if aux is not None else None,
         trainable_parameters=sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),

@@ -17,6 +17,7 @@ from pathlib import Path
 from eagle3_pipeline.core.errors import ConfigError, StageError
 from eagle3_pipeline.core.logs import setup_logging
 from eagle3_pipeline.runtime.processes import die_with_parent
+from eagle3_pipeline.train.plan import plan_training
 from eagle3_pipeline.train.run import train
 from eagle3_pipeline.train.view import TrainInputs
 
@@ -33,7 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     from torch.distributed import DistError
 
     try:
-        record = train(cfg)
+        record = train(plan_training(cfg))  # this rank's plan, the stage's answer again
     except (ConfigError, StageError, FileNotFoundError) as exc:
         print(f"error: train: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
