@@ -9,26 +9,29 @@ from pathlib import Path
 import pytest
 
 from eagle3_pipeline.core.config import ConfigError, DataConfig, load_config
-from eagle3_pipeline.data.conversations import (
-    ErrorLog,
-    StageInputError,
+from eagle3_pipeline.data.bad_input import ErrorLog, StageInputError
+from eagle3_pipeline.data.conversation import (
+    Message,
+    load_conversations,
+    normalize_record,
+    select,
+)
+from eagle3_pipeline.data.json_records import read_records
+from eagle3_pipeline.data.rows import (
     end_of_turn_ids,
     finalize_rows,
-    load_conversations,
     load_tokenizer,
-    read_records,
     recorded_rows,
-    render_ids,
-    select,
     token_frequencies,
     write_prepared,
 )
+from eagle3_pipeline.targets.chat import render_ids
 from eagle3_pipeline.targets.tiny import END_OF_TURN
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "data"
 REPO = Path(__file__).resolve().parents[2]
 
-CONV = {
+CONV_RECORD = {
     "id": "multi",
     "messages": [
         {"role": "system", "content": "You answer questions about Python."},
@@ -46,6 +49,7 @@ CONV = {
         },
     ],
 }
+CONV = normalize_record(CONV_RECORD, "CONV")
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +85,7 @@ def test_each_row_is_the_inference_context_then_exactly_that_turn(tok, eot, reas
     assert not errors and [r.turn for r in rows] == [2, 4]
     assert eot == [tok.convert_tokens_to_ids(END_OF_TURN)]
     for r in rows:
-        msgs = CONV["messages"]
+        msgs = CONV.chat()
         turn = msgs[r.turn]
         # the context is what the template renders for inference at this turn
         assert r.context == render_ids(tok, msgs[: r.turn], generation_prompt=True)
@@ -156,16 +160,16 @@ def test_written_dataset_has_speculators_columns_and_dtypes(tok, eot, tmp_path):
 def test_sharegpt_and_openai_records_normalise_and_bad_ones_are_counted(caplog):
     data = DataConfig(source="file", path=str(FIXTURES / "mixed.jsonl"), on_error="skip")
     convs, errors, n_in = load_conversations(data, seed=0)
-    assert [c["id"] for c in convs] == ["sg-1", "oa-1", "sg-2"]
-    assert convs[0]["messages"][0] == {"role": "system", "content": "Be brief."}
-    assert [m["role"] for m in convs[0]["messages"]] == [
+    assert [c.id for c in convs] == ["sg-1", "oa-1", "sg-2"]
+    assert convs[0].messages[0] == Message("system", "Be brief.")
+    assert [m.role for m in convs[0].messages] == [
         "system",
         "user",
         "assistant",
         "user",
         "assistant",
     ]
-    assert convs[1]["messages"][1]["reasoning_content"] == "The user asks about dicts."
+    assert convs[1].messages[1].reasoning_content == "The user asks about dicts."
     assert dict(errors.counts) == {
         "malformed_json": 1,
         "non_utf8": 1,
@@ -181,7 +185,7 @@ def test_sharegpt_and_openai_records_normalise_and_bad_ones_are_counted(caplog):
     assert f"{FIXTURES / 'mixed.jsonl'}:4: not UTF-8" in text
     # with regeneration, a conversation of user turns only is usable
     convs, errors, _ = load_conversations(data, seed=0, require_assistant=False)
-    assert "noasst" in [c["id"] for c in convs] and "no_assistant_turn" not in errors.counts
+    assert "noasst" in [c.id for c in convs] and "no_assistant_turn" not in errors.counts
 
 
 def test_on_error_fail_reads_to_the_end_and_names_every_bad_line():
@@ -208,7 +212,7 @@ def test_json_document_and_missing_file():
     data = DataConfig(source="file", path=str(FIXTURES / "openai.json"))
     convs, errors, n_in = load_conversations(data, seed=0)
     assert len(convs) == 2 and n_in == 2 and not errors.counts
-    assert convs[1]["id"] == "conv-000001"
+    assert convs[1].id == "conv-000001"
     with pytest.raises(FileNotFoundError, match="nope.jsonl: file not found"):
         list(read_records(FIXTURES / "nope.jsonl", ErrorLog()))
 

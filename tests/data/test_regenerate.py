@@ -17,7 +17,7 @@ import pytest
 
 from eagle3_pipeline.core.corpus import builtin_conversations
 from eagle3_pipeline.core.errors import ConfigError
-from eagle3_pipeline.data.conversations import end_of_turn_ids, load_tokenizer, render_ids
+from eagle3_pipeline.data.conversation import Conversation, Message, normalize_record
 from eagle3_pipeline.data.regenerate import (
     Generation,
     GenerationCache,
@@ -27,8 +27,10 @@ from eagle3_pipeline.data.regenerate import (
 )
 from eagle3_pipeline.data.regenerate_hf import HFBackend
 from eagle3_pipeline.data.regenerate_server import ServerBackend, ServerUnavailable
+from eagle3_pipeline.data.rows import end_of_turn_ids, load_tokenizer
 from eagle3_pipeline.data.view import PrepareInputs
 from eagle3_pipeline.serving.identity import ExpectedModel, ServerIdentityError, expected_model
+from eagle3_pipeline.targets.chat import render_ids
 from eagle3_pipeline.targets.tiny import REASONING_MARKERS, load_target_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,12 +46,12 @@ def target(tiny_target):
 
 
 @pytest.fixture(scope="module")
-def convs() -> list[dict[str, Any]]:
+def convs() -> list[Conversation]:
     """Single- and two-turn builtin conversations, plus one of user turns only."""
-    allc = builtin_conversations(0)
-    two = [c for c in allc if len(c["messages"]) == 4][:3]
-    one = [c for c in allc if len(c["messages"]) == 2][:3]
-    prompt_only = {"id": "q", "messages": [{"role": "user", "content": "Tell me about lists."}]}
+    allc = [normalize_record(c, f"builtin[{i}]") for i, c in enumerate(builtin_conversations(0))]
+    two = [c for c in allc if len(c.messages) == 4][:3]
+    one = [c for c in allc if len(c.messages) == 2][:3]
+    prompt_only = Conversation("q", (Message("user", "Tell me about lists."),))
     return [*two, *one, prompt_only]
 
 
@@ -91,11 +93,11 @@ def test_hf_rows_are_the_targets_own_greedy_continuation(target, convs, hf_rows)
         by_conv.setdefault(r.conversation, []).append(r)
     think = ReasoningMarkers(tok, markers=THINK)
     for c in convs[:3]:
-        first, second = by_conv[c["id"]]
-        msgs = c["messages"]
+        first, second = by_conv[c.id]
+        msgs = c.chat()
         history = [msgs[0], think.message(first.completion, eot), msgs[2]]
         assert second.context == render_ids(tok, history, generation_prompt=True)
-        assert c["messages"][1]["content"] not in tok.decode(second.context)
+        assert c.messages[1].content not in tok.decode(second.context)
 
 
 def test_hf_batching_does_not_change_the_tokens(target, convs, hf_rows):
@@ -187,12 +189,15 @@ def test_a_family_without_reasoning_markers_keeps_the_text_and_cannot_drop(targe
 
 def test_plan_turns_regenerates_after_each_user_segment():
     lead, segs = plan_turns(
-        [
-            {"role": "assistant", "content": "Hello, I am a bot."},
-            {"role": "user", "content": "a"},
-            {"role": "assistant", "content": "x"},
-            {"role": "user", "content": "b"},
-        ]
+        Conversation(
+            "p",
+            (
+                Message("assistant", "Hello, I am a bot."),
+                Message("user", "a"),
+                Message("assistant", "x"),
+                Message("user", "b"),
+            ),
+        )
     )
     assert lead == [{"role": "assistant", "content": "Hello, I am a bot."}]
     assert segs == [[{"role": "user", "content": "a"}], [{"role": "user", "content": "b"}]]
@@ -355,8 +360,8 @@ def _expected(target) -> Any:
     return expected_model(f"tiny kimi ({model_dir})", ("tiny-kimi-k25", model_dir), tok)
 
 
-def _user(content: str, cid: str) -> dict[str, Any]:
-    return {"id": cid, "messages": [{"role": "user", "content": content}]}
+def _user(content: str, cid: str) -> Conversation:
+    return Conversation(cid, (Message("user", content),))
 
 
 def test_server_rows_equal_the_hf_rows_token_for_token(target, convs, hf_rows, server):
@@ -398,7 +403,7 @@ def test_a_render_that_differs_from_the_servers_is_counted(target, convs, server
     assert not stats.errors and stats.requests == 3 and stats.prompt_mismatch == 3
     for row, conv in zip(rows, single, strict=True):
         text = tok.apply_chat_template(
-            conv["messages"][:1], chat_template=other, tokenize=False, add_generation_prompt=True
+            conv.chat()[:1], chat_template=other, tokenize=False, add_generation_prompt=True
         )
         assert text.startswith("Served with another template.")
         assert row.context == tok.encode(text, add_special_tokens=False)
@@ -412,14 +417,14 @@ def test_server_failures_are_counted_never_empty_answers(target, convs, server):
         _user("FLAKY What is a set?", "flaky"),
         _user("NOIDS What is a tuple?", "noids"),
         _user("BADREQ What is a str?", "badreq"),
-        {
-            "id": "second-fails",
-            "messages": [
-                {"role": "user", "content": "What is an int?"},
-                {"role": "assistant", "content": "x"},
-                {"role": "user", "content": "FAIL500 and a float?"},
-            ],
-        },
+        Conversation(
+            "second-fails",
+            (
+                Message("user", "What is an int?"),
+                Message("assistant", "x"),
+                Message("user", "FAIL500 and a float?"),
+            ),
+        ),
     ]
     backend = ServerBackend(
         server.url,
@@ -442,7 +447,7 @@ def test_server_failures_are_counted_never_empty_answers(target, convs, server):
     assert server.attempts["FAIL500 What is a list?"] == 2  # retried once, then counted
     assert server.attempts["BADREQ What is a str?"] == 1  # a 4xx is not retried
     got = Counter(r.conversation for r in rows)
-    assert got == {"flaky": 1, "second-fails": 1, convs[3]["id"]: 1}
+    assert got == {"flaky": 1, "second-fails": 1, convs[3].id: 1}
     assert all(r.completion for r in rows)
 
 

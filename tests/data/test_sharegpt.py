@@ -9,6 +9,7 @@ import hashlib
 import json
 import shutil
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,16 +17,16 @@ import pytest
 
 from eagle3_pipeline.core.choices import DataFormat, DataSource, RoleRule
 from eagle3_pipeline.core.config import DataConfig, load_config
-from eagle3_pipeline.data.conversations import (
-    ErrorLog,
-    TruncatedTail,
+from eagle3_pipeline.data.bad_input import ErrorLog, TruncatedTail
+from eagle3_pipeline.data.conversation import (
+    Conversation,
+    Message,
     conversation_set_sha256,
     load_conversations,
     normalize_record,
-    read_records,
     select,
-    turn_tokens,
 )
+from eagle3_pipeline.data.json_records import read_records
 from eagle3_pipeline.data.pinned import PinnedFileError, data_file
 from eagle3_pipeline.data.prepare import no_conversation_message
 from eagle3_pipeline.data.regenerate import (
@@ -35,6 +36,7 @@ from eagle3_pipeline.data.regenerate import (
     Request,
     regenerate_rows,
 )
+from eagle3_pipeline.data.rows import turn_tokens
 from eagle3_pipeline.data.source_size import count_records
 from eagle3_pipeline.preflight.view import PreflightInputs
 
@@ -98,13 +100,13 @@ def test_an_array_that_never_closes_is_a_truncated_tail_too(tmp_path):
 def test_eagle_role_rule_on_the_fixture():
     convs, errors, n_in = load_conversations(_eagle(), seed=0)
     assert n_in == 11  # ten complete records and the cut one
-    assert [c["id"] for c in convs] == ["a", "b", "f"]
+    assert [c.id for c in convs] == ["a", "b", "f"]
     a, b, f = convs
     # leading non-human turns dropped (a bot greeting, a share site's system banner)
-    assert [m["role"] for m in a["messages"]] == ["user", "assistant"]
-    assert [m["role"] for m in b["messages"]] == ["user", "assistant"] * 2
+    assert [m.role for m in a.messages] == ["user", "assistant"]
+    assert [m.role for m in b.messages] == ["user", "assistant"] * 2
     # an empty turn cuts the conversation before its exchange: alternation stays valid
-    assert [m["content"] for m in f["messages"]] == ["What is a dict?", "A mapping."]
+    assert [m.content for m in f.messages] == ["What is a dict?", "A mapping."]
     assert dict(errors.counts) == {
         "odd_role:chatgpt": 1,
         "odd_role:bing": 1,
@@ -128,7 +130,7 @@ def test_eagle_role_rule_on_the_fixture():
 def test_roles_any_keeps_todays_behaviour():
     convs, errors, _ = load_conversations(_eagle(roles="any"), seed=0)
     # chatgpt is an assistant alias and two human turns in a row are allowed; bing is not
-    assert {"c", "d"} <= {c["id"] for c in convs} and "unknown_role" in errors.counts
+    assert {"c", "d"} <= {c.id for c in convs} and "unknown_role" in errors.counts
     assert not errors.turns_dropped
 
 
@@ -142,30 +144,30 @@ def test_eagle_rule_in_openai_form_uses_user_and_assistant():
     }
     dropped: Counter[str] = Counter()
     conv = normalize_record(rec, "r", "openai", roles="eagle", dropped=dropped)
-    assert [m["role"] for m in conv["messages"]] == ["user", "assistant"]
+    assert [m.role for m in conv.messages] == ["user", "assistant"]
     assert dropped == {"leading:system": 1}
 
 
 # --------------------------------------------------------------------------- selection
 
 
-def _convs(n: int) -> list[dict[str, Any]]:
-    return [{"id": f"c{i}", "messages": [{"role": "user", "content": f"q{i}"}]} for i in range(n)]
+def _convs(n: int) -> list[Conversation]:
+    return [Conversation(f"c{i}", (Message("user", f"q{i}"),)) for i in range(n)]
 
 
 def test_the_seeded_sample_is_random_stable_and_disjoint_from_the_heldout():
     convs = _convs(500)
     held, train = select(convs, 16, 100, seed=7)
     assert select(convs, 16, 100, seed=7) == (held, train)  # stable
-    ids = [int(c["id"][1:]) for c in train]
+    ids = [int(c.id[1:]) for c in train]
     assert ids != sorted(ids) and max(ids) > 200  # not the file's first N
-    assert not {c["id"] for c in held} & {c["id"] for c in train}
+    assert not {c.id for c in held} & {c.id for c in train}
     assert select(convs, 16, 100, seed=8)[1] != train
     # a held-out prompt that does not fit is passed over, and trained on instead
-    too_long = {c["id"] for c in held[:3]}
-    held2, train2 = select(convs, 16, 100, seed=7, heldout_fits=lambda c: c["id"] not in too_long)
-    assert len(held2) == 16 and not {c["id"] for c in held2} & too_long
-    assert not {c["id"] for c in held2} & {c["id"] for c in train2}
+    too_long = {c.id for c in held[:3]}
+    held2, train2 = select(convs, 16, 100, seed=7, heldout_fits=lambda c: c.id not in too_long)
+    assert len(held2) == 16 and not {c.id for c in held2} & too_long
+    assert not {c.id for c in held2} & {c.id for c in train2}
 
 
 def test_the_content_hash_names_the_set():
@@ -173,8 +175,8 @@ def test_the_content_hash_names_the_set():
     h = conversation_set_sha256(convs[:10])
     assert h == conversation_set_sha256(list(reversed(convs[:10])))  # order aside
     assert h != conversation_set_sha256(convs[1:11])
-    edited = [dict(c) for c in convs[:10]]
-    edited[3] = {**edited[3], "messages": [{"role": "user", "content": "other"}]}
+    edited = list(convs[:10])
+    edited[3] = replace(edited[3], messages=(Message("user", "other"),))
     assert h != conversation_set_sha256(edited)
     assert len(h) == 64 and int(h, 16) >= 0
 
@@ -294,15 +296,15 @@ def test_later_turns_are_conditioned_on_the_targets_own_answers():
     """The hf and server backends get the same messages from this loop (their tokens
     are compared in test_regenerate.py: test_hf_rows_are_the_targets_own_greedy_continuation
     and test_server_rows_equal_the_hf_rows_token_for_token)."""
-    conv = {
-        "id": "x",
-        "messages": [
-            {"role": "user", "content": "q1"},
-            {"role": "assistant", "content": "recorded-1"},
-            {"role": "user", "content": "q2"},
-            {"role": "assistant", "content": "recorded-2"},
-        ],
-    }
+    conv = Conversation(
+        "x",
+        (
+            Message("user", "q1"),
+            Message("assistant", "recorded-1"),
+            Message("user", "q2"),
+            Message("assistant", "recorded-2"),
+        ),
+    )
     backend = OwnAnswers()
     tok = CharTokenizer()
     cache = GenerationCache(None)

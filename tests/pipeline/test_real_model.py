@@ -208,17 +208,12 @@ def test_system_prompt_and_end_of_turn_as_the_target_serves_them(real_run):
     assert gen["eos_token_id"] == im_end
     # a recorded turn (short answers may all be cut at data.max_new_tokens): its row runs
     # through <|im_end|>, supervised, and stops there
-    from eagle3_pipeline.data.conversations import end_of_turn_ids, recorded_rows
+    from eagle3_pipeline.data.conversation import Conversation, Message
+    from eagle3_pipeline.data.rows import end_of_turn_ids, recorded_rows
 
     eot = end_of_turn_ids(tok, root / "data/target/model")
     assert eot == [im_end]
-    conv = {
-        "id": "c",
-        "messages": [
-            {"role": "user", "content": "Say hi."},
-            {"role": "assistant", "content": "Hi!"},
-        ],
-    }
+    conv = Conversation("c", (Message("user", "Say hi."), Message("assistant", "Hi!")))
     (row,), errors = recorded_rows(conv, tok, eot, "keep")
     assert not errors and row.completion[-1] == im_end
     assert tok.decode(row.completion) == "Hi!<|im_end|>"

@@ -32,8 +32,8 @@ def make_setup(workdir: Path) -> Setup:
     from transformers import AutoTokenizer
 
     from eagle3_pipeline.core.corpus import builtin_conversations
-    from eagle3_pipeline.data.conversations import render_ids
     from eagle3_pipeline.targets.adapter import load_target_spec
+    from eagle3_pipeline.targets.chat import render_ids
     from eagle3_pipeline.validate.run import stop_token_ids
 
     spec = load_target_spec(workdir / "data" / "target" / "target.json")

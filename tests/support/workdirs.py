@@ -23,9 +23,9 @@ def make_workdir(
 
     from eagle3_pipeline.core.config import DraftShapeConfig
     from eagle3_pipeline.core.corpus import builtin_conversations
-    from eagle3_pipeline.data.conversations import render_ids
     from eagle3_pipeline.draft.shape import build_draft, build_vocab_mapping, resolve_draft_shape
     from eagle3_pipeline.targets.adapter import load_target_spec
+    from eagle3_pipeline.targets.chat import render_ids
     from eagle3_pipeline.train.save import save_draft
     from eagle3_pipeline.validate.run import stop_token_ids
 

@@ -13,7 +13,7 @@ import logging
 from pathlib import Path
 
 from eagle3_pipeline.core.io import atomic_write_text
-from eagle3_pipeline.data.conversations import ErrorLog
+from eagle3_pipeline.data.bad_input import ErrorLog
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@ held-out prompts for validation (data/heldout/prompts.jsonl): what the prepare s
 
 With ``data.regenerate``, every trained assistant turn is the target's own greedy answer,
 token for token (:mod:`eagle3_pipeline.data.regenerate`); otherwise the recorded turns are
-used (:mod:`eagle3_pipeline.data.conversations`).
+used (:mod:`eagle3_pipeline.data.rows`).
 """
 
 from __future__ import annotations
@@ -21,19 +21,19 @@ from eagle3_pipeline.core.config import DataConfig
 from eagle3_pipeline.core.errors import StageError
 from eagle3_pipeline.core.io import atomic_write_text
 from eagle3_pipeline.data.bad_lines import write_bad_lines
-from eagle3_pipeline.data.conversations import (
-    ErrorLog,
+from eagle3_pipeline.data.bad_input import ErrorLog
+from eagle3_pipeline.data.conversation import (
+    Conversation,
     conversation_set_sha256,
+    load_conversations,
+    select,
+)
+from eagle3_pipeline.data.heldout import heldout_jsonl, heldout_records
+from eagle3_pipeline.data.rows import (
     end_of_turn_ids,
     finalize_rows,
-    heldout_jsonl,
-    heldout_records,
-    load_conversations,
     load_tokenizer,
     recorded_rows,
-    render_ids,
-    select,
-    strip_reasoning,
     turn_tokens,
     write_prepared,
 )
@@ -42,6 +42,7 @@ from eagle3_pipeline.data.view import PrepareInputs
 from eagle3_pipeline.data.pinned import PinnedFileError, data_file
 from eagle3_pipeline.data.record import PrepareRecord, Regeneration
 from eagle3_pipeline.targets.adapter import load_target_spec, read_json
+from eagle3_pipeline.targets.chat import render_ids
 from eagle3_pipeline.targets.families import family_for_config
 from eagle3_pipeline.targets.tiny import REASONING_MARKERS as TINY_REASONING_MARKERS
 
@@ -212,13 +213,10 @@ def prepare(cfg: PrepareInputs, progress: bool = True) -> PrepareRecord:
     if not convs:
         raise StageError(no_conversation_message(d, n_in, bad, report))
 
-    def heldout_fits(conv: dict[str, Any]) -> bool:
+    def heldout_fits(conv: Conversation) -> bool:
         """A held-out prompt leaves room for an answer of data.max_new_tokens within
         data.max_seq_len (the target's window here): validation generates after it."""
-        msgs = conv["messages"]
-        first_user = next(i for i, m in enumerate(msgs) if m["role"] == "user")
-        context = strip_reasoning(msgs[: first_user + 1])
-        prompt = render_ids(tokenizer, context, generation_prompt=True)
+        prompt = render_ids(tokenizer, conv.prompt(), generation_prompt=True)
         return len(prompt) + d.max_new_tokens <= d.max_seq_len
 
     held, train = select(convs, d.heldout_size, cfg.train.samples, cfg.seed, heldout_fits)

@@ -50,7 +50,7 @@ class PrepareRecord(Record):
     truncated_tail_offset: int | None = optional()  # the cut record's first byte
     truncated_tail_bytes: int | None = optional()  # the bytes left unread after it
     # SHA-256 of the training / held-out conversations' content (see
-    # data.conversations.conversation_set_sha256): which conversations, not just how many
+    # data.conversation.conversation_set_sha256): which conversations, not just how many
     train_sha256: str | None = optional()
     heldout_sha256: str | None = optional()
     license: str | None = optional()  # data.license, as the data's publisher states it

@@ -36,8 +36,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from eagle3_pipeline.core.config import ConfigError
-from eagle3_pipeline.data.conversations import Row, render_ids
+from eagle3_pipeline.data.conversation import Conversation
 from eagle3_pipeline.data.record import Regeneration
+from eagle3_pipeline.data.rows import Row
+from eagle3_pipeline.targets.chat import render_ids
 
 log = logging.getLogger(__name__)
 
@@ -124,26 +126,27 @@ def cache_path(cache_dir: Path, fingerprint: dict[str, Any]) -> Path:
 
 
 def plan_turns(
-    messages: list[dict[str, Any]],
+    conv: Conversation,
 ) -> tuple[list[dict[str, Any]], list[list[dict[str, Any]]]]:
-    """(leading history, segments): an answer is generated after each segment. Segments
-    end where the recorded conversation had an assistant turn, and after a trailing
-    user turn; an assistant turn before any user turn stays as recorded history."""
+    """(leading history, segments) as chat-template messages: an answer is generated
+    after each segment. Segments end where the recorded conversation had an assistant
+    turn, and after a trailing user turn; an assistant turn before any user turn stays as
+    recorded history (its reasoning too)."""
     lead: list[dict[str, Any]] = []
     segments: list[list[dict[str, Any]]] = []
     buf: list[dict[str, Any]] = []
     seen_user = False
-    for m in messages:
-        if m["role"] == "assistant":
+    for m in conv.messages:
+        if m.role == "assistant":
             if seen_user:
                 segments.append(buf)
                 buf = []
             elif not segments:
-                lead.extend([*buf, m])
+                lead.extend([*buf, m.chat()])
                 buf = []
             continue
-        seen_user = seen_user or m["role"] == "user"
-        buf.append({"role": m["role"], "content": m["content"]})
+        seen_user = seen_user or m.role == "user"
+        buf.append(m.chat(reasoning=False))
     if any(m["role"] == "user" for m in buf):
         segments.append(buf)
     return lead, segments
@@ -233,7 +236,7 @@ class _Rounds:
 
     def __init__(
         self,
-        convs: list[dict[str, Any]],
+        convs: list[Conversation],
         backend: Backend,
         tokenizer: Any,
         eot_ids: list[int],
@@ -247,7 +250,7 @@ class _Rounds:
         self.convs, self.backend, self.tokenizer = convs, backend, tokenizer
         self.eot_ids, self.max_seq_len, self.think, self.cache = eot_ids, max_seq_len, think, cache
         self.stats = RegenStats()
-        self.plans = [plan_turns(c["messages"]) for c in convs]
+        self.plans = [plan_turns(c) for c in convs]
         self.history = [list(lead) for lead, _ in self.plans]
         self.rows: list[list[Row]] = [[] for _ in convs]
         self.bar = tqdm(
@@ -304,7 +307,7 @@ class _Rounds:
         if missing:
             raise RuntimeError(
                 f"the {self.backend.name} backend returned no result for {len(missing)} of "
-                f"{len(pending)} requests (conversation {self.convs[missing[0]]['id']})"
+                f"{len(pending)} requests (conversation {self.convs[missing[0]].id})"
             )
 
     def advance(self, rnd: int, results: dict[int, Result]) -> list[int]:
@@ -314,15 +317,13 @@ class _Rounds:
         for i, res in sorted(results.items()):
             if isinstance(res, Failure):
                 self.stats.errors[f"regenerate_{res.reason}"] += 1
-                log.warning(
-                    "%s turn %d: generation failed: %s", self.convs[i]["id"], rnd, res.message
-                )
+                log.warning("%s turn %d: generation failed: %s", self.convs[i].id, rnd, res.message)
                 continue
             self.stats.generated_tokens += len(res.token_ids)
             self.stats.unfinished_turns += not (res.token_ids and res.token_ids[-1] in self.eot_ids)
             self.rows[i].append(
                 Row(
-                    self.convs[i]["id"],
+                    self.convs[i].id,
                     rnd,
                     res.prompt_ids,
                     self.think.supervised(res.token_ids),
@@ -336,7 +337,7 @@ class _Rounds:
 
 
 def regenerate_rows(
-    convs: list[dict[str, Any]],
+    convs: list[Conversation],
     backend: Backend,
     tokenizer: Any,
     eot_ids: list[int],

@@ -15,7 +15,7 @@ import mmap
 from pathlib import Path
 
 from eagle3_pipeline.core.config import DataConfig
-from eagle3_pipeline.data.conversations import (
+from eagle3_pipeline.data.json_records import (
     document_records,
     first_byte,
     is_json_document,

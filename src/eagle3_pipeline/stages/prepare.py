@@ -10,7 +10,7 @@ import logging
 from eagle3_pipeline.core.errors import StageError
 from eagle3_pipeline.core.io import remove_path
 from eagle3_pipeline.core.metrics import details_path, headline_path, write_stage_metrics
-from eagle3_pipeline.data.conversations import StageInputError
+from eagle3_pipeline.data.bad_input import StageInputError
 from eagle3_pipeline.data.prepare import bad_lines_path, heldout_path, prepare, prepared_dir
 from eagle3_pipeline.data.record import PrepareRecord
 from eagle3_pipeline.data.regenerate_server import ServerUnavailable
