@@ -62,6 +62,15 @@ def module_file(name: str) -> Path | None:
     return p.with_suffix(".py") if p.with_suffix(".py").is_file() else None
 
 
+@functools.cache
+def _tree(name: str) -> ast.Module:
+    """Module ``name``'s syntax tree, parsed once for both walkers below."""
+    path = module_file(name)
+    if path is None:
+        raise ValueError(f"{name}: not a module of {PKG}")
+    return ast.parse(path.read_text(encoding="utf-8"))
+
+
 @dataclass(frozen=True)
 class ImportRef:
     """One import statement of a module, at any depth of its code (lazy ones included)."""
@@ -76,12 +85,10 @@ def import_refs(name: str, source: str | None = None) -> list[ImportRef]:
     walker of import statements (the code deps here, the layer and view rules in tests)."""
     path = module_file(name)
     is_pkg = path is not None and path.name == "__init__.py"
-    if source is None:
-        if path is None:
-            raise ValueError(f"{name}: not a module of {PKG}")
-        source = path.read_text(encoding="utf-8")
+    if source is None and path is None:
+        raise ValueError(f"{name}: not a module of {PKG}")
     out: list[ImportRef] = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(_tree(name) if source is None else ast.parse(source)):
         if isinstance(node, ast.Import):
             out += [ImportRef(a.name, (), node.lineno) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -108,7 +115,7 @@ def imports(name: str) -> frozenset[str]:
     for ref in import_refs(name):
         found.add(ref.module)
         found.update(f"{ref.module}.{n}" for n in ref.names)
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(_tree(name)):
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
             if node.value.startswith(PKG + "."):
                 found.add(node.value.split(":")[0])
