@@ -246,6 +246,13 @@ def test_load_prompts_names_bad_rows(tmp_path: Path) -> None:
         load_prompts(path, vocab_size=2048)
     path.write_text(json.dumps({"id": "a", "prompt_ids": [1, 2]}) + "\n")
     assert load_prompts(path) == [Prompt("a", [1, 2])]
+    # a blank line still counts: the error names the file's own line number
+    path.write_text(json.dumps({"id": "a", "prompt_ids": [1]}) + "\n\n" + '{"id": "b"}\n')
+    with pytest.raises(ConfigError, match=r"prompts.jsonl:3: 'prompt_ids'"):
+        load_prompts(path)
+    path.write_text("\n[1]\n")
+    with pytest.raises(ConfigError, match=r"prompts.jsonl:2: not a JSON object"):
+        load_prompts(path)
 
 
 # --------------------------------------------------------------------------- KV caches

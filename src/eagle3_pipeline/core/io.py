@@ -11,9 +11,11 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+from eagle3_pipeline.core.errors import ConfigError
 
 
 def _umask() -> int:
@@ -87,3 +89,21 @@ def remove_path(path: str | Path) -> None:
         shutil.rmtree(p)
     elif p.exists() or p.is_symlink():
         p.unlink()
+
+
+def jsonl_objects(path: str | Path, lines: Sequence[str]) -> list[tuple[int, dict[str, Any]]]:
+    """``(line number, object)`` for each JSON object of a JSONL file's ``lines`` (blank
+    lines skipped); a line that is not one is a :class:`ConfigError` naming ``path`` and
+    the line's number, so that a reader's own checks can name the line too."""
+    out = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}:{n}: not valid JSON ({exc.msg})") from None
+        if not isinstance(row, dict):
+            raise ConfigError(f"{path}:{n}: not a JSON object")
+        out.append((n, row))
+    return out

@@ -26,7 +26,6 @@ caches for both (``validate.kv_cache``, the default), with identical tokens and 
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from eagle3_pipeline.core.config import ConfigError
+from eagle3_pipeline.core.io import jsonl_objects
 from eagle3_pipeline.serving.figures import acceptance_length
 from eagle3_pipeline.validate.record import Divergence, OursFigures
 
@@ -56,14 +56,8 @@ def load_prompts(path: str | Path, vocab_size: int | None = None) -> list[Prompt
     if not p.is_file():
         raise FileNotFoundError(f"{p}: held-out prompts not found (run the prepare stage)")
     out: list[Prompt] = []
-    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{p}:{n}: not valid JSON ({exc.msg})") from None
-        ids = row.get("prompt_ids") if isinstance(row, dict) else None
+    for n, row in jsonl_objects(p, p.read_text(encoding="utf-8").splitlines()):
+        ids = row.get("prompt_ids")
         if (
             not isinstance(ids, list)
             or not ids

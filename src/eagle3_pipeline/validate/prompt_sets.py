@@ -33,6 +33,7 @@ from typing import Any
 
 from eagle3_pipeline.core.benchmarks import BENCHMARK_SIZES, BENCHMARKS
 from eagle3_pipeline.core.config import ConfigError
+from eagle3_pipeline.core.io import jsonl_objects
 from eagle3_pipeline.targets.chat import answer_text, render_ids
 from eagle3_pipeline.targets.fingerprint import sha256_file
 
@@ -83,41 +84,26 @@ def _pinned_file(name: str) -> Path:
     return path
 
 
-def _jsonl(path: Path, lines: Sequence[str]) -> list[dict[str, Any]]:
-    out = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}:{n}: not valid JSON ({exc.msg})") from None
-        if not isinstance(row, dict):
-            raise ConfigError(f"{path}:{n}: not a JSON object")
-        out.append(row)
-    return out
-
-
 def mt_bench_questions(path: Path) -> list[dict[str, Any]]:
     """``{"question_id", "category", "turns": [str, ...]}`` rows, checked."""
-    rows = _jsonl(path, path.read_text(encoding="utf-8").splitlines())
-    for n, r in enumerate(rows, 1):
+    rows = jsonl_objects(path, path.read_text(encoding="utf-8").splitlines())
+    for n, r in rows:
         turns = r.get("turns")
         if not (
             isinstance(turns, list) and turns and all(isinstance(t, str) and t for t in turns)
         ) or not isinstance(r.get("category"), str):
             raise ConfigError(f"{path}:{n}: an MT-Bench row needs 'category' and 'turns'")
-    return rows
+    return [r for _, r in rows]
 
 
 def humaneval_problems(path: Path) -> list[dict[str, Any]]:
     """``{"task_id", "prompt", ...}`` rows, checked."""
     with gzip.open(path, "rt", encoding="utf-8") as fh:
-        rows = _jsonl(path, fh.read().splitlines())
-    for n, r in enumerate(rows, 1):
+        rows = jsonl_objects(path, fh.read().splitlines())
+    for n, r in rows:
         if not isinstance(r.get("prompt"), str) or not isinstance(r.get("task_id"), str):
             raise ConfigError(f"{path}:{n}: a HumanEval row needs 'task_id' and 'prompt'")
-    return rows
+    return [r for _, r in rows]
 
 
 def stratified_subset(

@@ -91,6 +91,14 @@ def require_field(
     return value
 
 
+def require_eagle3(report: Report, obj: dict[str, Any], key: str, where: str) -> None:
+    """A field that names the draft's kind: present, a string, and ``eagle3`` (vLLM picks
+    its EAGLE-3 loader by it)."""
+    value = require_field(report, obj, key, where, "str")
+    if value is not None and value != "eagle3":
+        report.error("model-type", f"config.json:{where}", f"is {value!r}, expected 'eagle3'")
+
+
 # --------------------------------------------------------------------------- top level
 
 
@@ -109,13 +117,7 @@ def _check_detection(report: Report, config: dict[str, Any]) -> None:
             f"top-level model_type={config['model_type']!r} present: vLLM then reads it as a "
             "plain HF model, not a speculators draft",
         )
-    smt = require_field(report, config, "speculators_model_type", "speculators_model_type", "str")
-    if smt is not None and smt != "eagle3":
-        report.error(
-            "model-type",
-            "config.json:speculators_model_type",
-            f"is {smt!r}, expected 'eagle3'",
-        )
+    require_eagle3(report, config, "speculators_model_type", "speculators_model_type")
 
 
 def check_norm_before_residual(report: Report, config: dict[str, Any]) -> None:
@@ -198,13 +200,7 @@ def _check_speculators_config(report: Report, config: dict[str, Any]) -> None:
     spec = spec if isinstance(spec, dict) else {}  # absent: reported as vllm-detection
     k = None
     if spec:
-        algo = require_field(report, spec, "algorithm", "speculators_config.algorithm", "str")
-        if algo is not None and algo != "eagle3":
-            report.error(
-                "model-type",
-                "config.json:speculators_config.algorithm",
-                f"is {algo!r}, expected 'eagle3'",
-            )
+        require_eagle3(report, spec, "algorithm", "speculators_config.algorithm")
         k = _check_proposal_methods(report, spec)
         _check_verifier(report, spec)
     report.facts["speculative_tokens"] = k
