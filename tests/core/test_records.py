@@ -193,6 +193,22 @@ def test_no_record_field_is_untyped() -> None:
     assert not untyped, untyped
 
 
+@pytest.mark.parametrize(
+    "cls", sorted(RECORDS, key=lambda c: c.__qualname__), ids=lambda c: c.__qualname__
+)
+def test_pydantic_validates_every_record_and_requires_what_the_record_requires(
+    cls: type[Record],
+) -> None:
+    """Records are read through pydantic over the same dataclasses: each one (and all it
+    holds) is a type pydantic can validate, and its JSON schema requires exactly the keys
+    the record refuses a file without -- one declaration, two readers that agree."""
+    import pydantic
+
+    schema = pydantic.TypeAdapter(cls).json_schema(mode="validation")
+    assert set(schema.get("required", [])) == set(cls.required_keys())
+    assert set(schema["properties"]) == {f.name for f in dataclasses.fields(cls)}
+
+
 def test_every_nested_field_is_declared_with_its_comment() -> None:
     """The records' nested parts (the GPU snapshot, vLLM's figures, ...) are schema too:
     each field says what it is."""
