@@ -18,15 +18,15 @@ import pytest
 from eagle3_pipeline.core.corpus import builtin_conversations
 from eagle3_pipeline.core.errors import ConfigError
 from eagle3_pipeline.data.conversation import Conversation, Message, normalize_record
-from eagle3_pipeline.data.regenerate import (
+from eagle3_pipeline.data.regenerate.turns import (
     Generation,
     GenerationCache,
     ReasoningMarkers,
     plan_turns,
     regenerate_rows,
 )
-from eagle3_pipeline.data.regenerate_hf import HFBackend
-from eagle3_pipeline.data.regenerate_server import ServerBackend, ServerUnavailable
+from eagle3_pipeline.data.regenerate.hf import HFBackend
+from eagle3_pipeline.data.regenerate.server import ServerBackend, ServerUnavailable
 from eagle3_pipeline.data.rows import end_of_turn_ids, load_tokenizer
 from eagle3_pipeline.data.view import PrepareInputs
 from eagle3_pipeline.serving.identity import ExpectedModel, ServerIdentityError, expected_model
@@ -381,7 +381,7 @@ def test_a_render_that_differs_from_the_servers_is_counted(target, convs, server
     """The server conditions on its own render of the messages. Ours differing from it is
     counted on every request -- whether ours is wrong or the server was started with
     another chat template -- and the rows hold the ids the server conditioned on."""
-    from eagle3_pipeline.data import regenerate
+    from eagle3_pipeline.data.regenerate import turns as regenerate
 
     model_dir, tok, eot, model = target
     single = convs[3:6]  # one request each

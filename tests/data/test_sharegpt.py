@@ -29,7 +29,7 @@ from eagle3_pipeline.data.conversation import (
 from eagle3_pipeline.data.json_records import read_records
 from eagle3_pipeline.data.pinned import PinnedFileError, data_file
 from eagle3_pipeline.data.prepare import no_conversation_message
-from eagle3_pipeline.data.regenerate import (
+from eagle3_pipeline.data.regenerate.turns import (
     Generation,
     GenerationCache,
     OnResult,

@@ -127,8 +127,8 @@ def make_backend(
     """The regeneration backend; ``server``: the ``vllm serve`` this run started, if any
     (its per-run API key), else a server the user runs (key from ``api_key_env``);
     ``dtype``: the target's precision (the hf backend's; a server was started in it)."""
-    from eagle3_pipeline.data.regenerate_hf import HFBackend
-    from eagle3_pipeline.data.regenerate_server import ServerBackend
+    from eagle3_pipeline.data.regenerate.hf import HFBackend
+    from eagle3_pipeline.data.regenerate.server import ServerBackend
 
     d = cfg.data
     if d.regenerate_backend == "hf":
@@ -170,7 +170,7 @@ def server_context(
 ) -> contextlib.AbstractContextManager[Any]:
     """``vllm serve`` for the run, in ``dtype``, when ``data.server.start``; else nothing
     to manage."""
-    from eagle3_pipeline.data.regenerate_server import managed_server
+    from eagle3_pipeline.data.regenerate.server import managed_server
     from eagle3_pipeline.serving.engine import build_engine, log_file
     from eagle3_pipeline.serving.env import find_python
 
@@ -226,7 +226,7 @@ def prepare(cfg: PrepareInputs, progress: bool = True) -> PrepareRecord:
     dropped: Counter[str] = Counter()
     regen: Regeneration | None = None
     if d.regenerate:
-        from eagle3_pipeline.data.regenerate import GenerationCache, cache_path, regenerate_rows
+        from eagle3_pipeline.data.regenerate.turns import GenerationCache, cache_path, regenerate_rows
 
         with server_context(cfg, spec, model_dir, precision.dtype) as server:
             backend = make_backend(cfg, spec, model_dir, tokenizer, eot, server, precision.dtype)

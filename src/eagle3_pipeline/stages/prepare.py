@@ -13,7 +13,7 @@ from eagle3_pipeline.core.metrics import details_path, headline_path, write_stag
 from eagle3_pipeline.data.bad_input import StageInputError
 from eagle3_pipeline.data.prepare import bad_lines_path, heldout_path, prepare, prepared_dir
 from eagle3_pipeline.data.record import PrepareRecord
-from eagle3_pipeline.data.regenerate_server import ServerUnavailable
+from eagle3_pipeline.data.regenerate.server import ServerUnavailable
 from eagle3_pipeline.data.view import PrepareInputs
 from eagle3_pipeline.stages.runner import run_stage
 

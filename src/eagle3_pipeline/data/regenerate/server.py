@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from eagle3_pipeline.data.regenerate import Failure, Generation, OnResult, Request, Result
+from eagle3_pipeline.data.regenerate.turns import Failure, Generation, OnResult, Request, Result
 from eagle3_pipeline.serving.identity import ExpectedModel, ServerUnreachable, verify_server
 from eagle3_pipeline.serving.server import VllmServer, engine_server
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline.data.regenerate import Generation, OnResult, Request
+from eagle3_pipeline.data.regenerate.turns import Generation, OnResult, Request
 
 
 class HFBackend:
