@@ -5,7 +5,10 @@ process, over the same prompts:
   recomputing evaluator, without the lossless check;
 - ``--compare lossless``: the whole evaluator with KV caches and its lossless check, the
   check done in one teacher-forced target forward per answer (today's) against decoding
-  the greedy reference token by token (the older check).
+  the greedy reference token by token (the older check);
+- ``--compare replay``: the whole evaluator (KV caches, lossless check) against the replay
+  evaluator (``validate.evaluator=replay``: the target's greedy answers generated in
+  batches of ``--batch-size`` prompts, then the draft replayed over them).
 
 For each number of new tokens (default 64 and 512) it runs both variants on the same
 target, draft and prompts, interleaved over ``--trials`` trials, and prints each one's
@@ -16,10 +19,11 @@ Target and draft: a pipeline run's (``--workdir DIR`` holding data/target/ and d
 e.g. the repository after ``dvc repro``), or by default a random-weight Llama target built
 here (hidden 256, 4 layers) with an untrained draft: every draft is then rejected and the
 target's cache rolls back K positions each step, which is the evaluator's worst case.
-Stop tokens are ignored so that every prompt generates exactly N tokens.
+Stop tokens are ignored so that every prompt generates exactly N tokens. Prompts: the run's
+held-out prompts (``--workdir`` with data/heldout/prompts.jsonl), else 32 synthetic tokens.
 
-Usage: python bench/acceptance.py [--compare kv_cache|lossless] [--workdir DIR]
-       [--tokens 64 512] [--trials 3] [--prompts 1] [--threads 1]
+Usage: python bench/acceptance.py [--compare kv_cache|lossless|replay] [--workdir DIR]
+       [--tokens 64 512] [--trials 3] [--prompts 1] [--threads 1] [--batch-size 16]
 """
 
 from __future__ import annotations
@@ -64,7 +68,8 @@ def untrained_draft(spec: Any, k: int) -> Any:
     return build_draft(spec, shape, k, 1024, d2t, t2d, spec.path, "sdpa")
 
 
-# per comparison: (baseline name, measure() options), (new name, measure() options)
+# per comparison: (baseline name, evaluator options), (new name, evaluator options); the
+# options go to acceptance.measure(), or to replay.measure() where they say "replay"
 VARIANTS: dict[str, tuple[tuple[str, dict[str, Any]], tuple[str, dict[str, Any]]]] = {
     "kv_cache": (
         ("recompute", {"check_lossless": False, "kv_cache": False}),
@@ -74,7 +79,30 @@ VARIANTS: dict[str, tuple[tuple[str, dict[str, Any]], tuple[str, dict[str, Any]]
         ("decode_check", {"kv_cache": True, "lossless_by": "decode"}),
         ("forward_check", {"kv_cache": True, "lossless_by": "forward"}),
     ),
+    "replay": (
+        ("chained", {"kv_cache": True}),
+        ("replay", {"replay": True}),
+    ),
 }
+
+
+def evaluate(target: Any, draft: Any, prompts: Any, k: int, n: int, **options: Any) -> Any:
+    from eagle3_pipeline.validate import replay
+    from eagle3_pipeline.validate.acceptance import measure
+
+    if options.pop("replay", False):
+        return replay.measure(target, draft, prompts, k, n, [], **options)
+    return measure(target, draft, prompts, k, n, [], **options)
+
+
+def load_bench_prompts(workdir: Path | None, count: int) -> tuple[list[Any], str]:
+    from eagle3_pipeline.validate.acceptance import Prompt, load_prompts
+
+    heldout = workdir / "data/heldout/prompts.jsonl" if workdir else None
+    if heldout is not None and heldout.is_file():
+        return load_prompts(heldout)[:count], "held-out prompts"
+    synthetic = [Prompt(str(i), [(7 * i + j) % 200 + 10 for j in range(32)]) for i in range(count)]
+    return synthetic, "synthetic prompts of 32 tokens"
 
 
 def main() -> None:
@@ -86,11 +114,14 @@ def main() -> None:
     ap.add_argument("-k", type=int, default=3)
     ap.add_argument("--compare", choices=sorted(VARIANTS), default="kv_cache")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    ap.add_argument("--batch-size", type=int, default=16, help="replay: prompts per batch")
     ap.add_argument("--out", type=Path, help="also write the figures as JSON")
     args = ap.parse_args()
     (base_name, base), (new_name, new) = VARIANTS[args.compare]
+    if args.compare == "replay":
+        new = {**new, "batch_size": args.batch_size}
 
-    from eagle3_pipeline.validate.acceptance import Prompt, SpeculatorsDraft, Target, measure
+    from eagle3_pipeline.validate.acceptance import SpeculatorsDraft, Target
 
     torch.set_num_threads(args.threads)  # default one: as on a loaded machine
     tmp = tempfile.TemporaryDirectory()
@@ -108,11 +139,9 @@ def main() -> None:
         source = "random-weight Llama h256 x4 layers, untrained draft"
     target = Target.load(spec)
     draft = SpeculatorsDraft(model)
-    prompts = [
-        Prompt(str(i), [(7 * i + j) % 200 + 10 for j in range(32)]) for i in range(args.prompts)
-    ]
+    prompts, kind = load_bench_prompts(args.workdir, args.prompts)
     print(
-        f"target: {source}; K={args.k}; {args.prompts} prompt(s) of 32 tokens; "
+        f"target: {source}; K={args.k}; {len(prompts)} {kind}; "
         f"{args.trials} interleaved trials; torch threads {args.threads}; "
         f"{new_name} against {base_name}"
     )
@@ -123,7 +152,7 @@ def main() -> None:
         for _ in range(args.trials):
             for name, kwargs in ((base_name, base), (new_name, new)):
                 t0 = time.perf_counter()
-                res, per_prompt = measure(target, draft, prompts, args.k, n, [], **kwargs)
+                res, per_prompt = evaluate(target, draft, prompts, args.k, n, **kwargs)
                 times[name].append(time.perf_counter() - t0)
                 results[name] = (res.to_dict(), [dataclasses.asdict(r) for r in per_prompt])
         tokens = results[base_name][0]["tokens"]

@@ -162,6 +162,13 @@ class Parallel(Choice):
     fsdp = "fsdp"  # FSDP2 fully_shard
 
 
+class Evaluator(Choice):
+    """How our evaluator decodes (T=0): the same counts either way."""
+
+    replay = "replay"  # the target's greedy answers in batches, the draft replayed over them
+    chained = "chained"  # speculative decoding prompt by prompt, a target forward per step
+
+
 class VllmMode(Choice):
     offline = "offline"  # vllm.LLM in a worker process
     serve = "serve"  # vllm serve + HTTP (validate.server)

@@ -46,6 +46,10 @@ class Capture:
         self.store.clear()
         return out
 
+    def clear(self) -> None:
+        """Drop the last forward's states unread (a forward whose states nobody needs)."""
+        self.store.clear()
+
     def remove(self) -> None:
         for h in self._handles:
             h.remove()

@@ -502,6 +502,24 @@ class PromptResult:
     divergence_margin: float | None = None
 
 
+def greedy_start(target: Any, prompt_ids: Sequence[int]) -> tuple[int, Any]:
+    """The prefill's greedy token and the prompt's aux states. A verifier that already
+    knows its tokens (``replay.Replay``) answers ``start_ids`` itself."""
+    if hasattr(target, "start_ids"):
+        return target.start_ids(prompt_ids)  # type: ignore[no-any-return]
+    row, aux = target.start(prompt_ids)
+    return int(row.argmax()), aux
+
+
+def greedy_verify(target: Any, ctx: Sequence[int], drafts: Sequence[int]) -> tuple[list[int], Any]:
+    """The target's greedy token after ``ctx`` and after each draft (K + 1 ids), and what
+    ``keep`` needs; ``verify_ids`` where the verifier has it (as :func:`greedy_start`)."""
+    if hasattr(target, "verify_ids"):
+        return target.verify_ids(ctx, drafts)  # type: ignore[no-any-return]
+    rows, verified = target.verify(ctx, drafts)
+    return rows.argmax(-1).tolist(), verified
+
+
 def speculative_decode(
     target: Any,
     draft: Proposer,
@@ -517,16 +535,15 @@ def speculative_decode(
     seq = list(prompt.prompt_ids)
     if hasattr(draft, "reset"):
         draft.reset()
-    row, aux = target.start(seq)  # prefill: not a verification
-    out = [int(row.argmax())]
+    first, aux = greedy_start(target, seq)  # prefill: not a verification
+    out = [first]
     res = PromptResult(prompt.id, len(seq), out, 0, 0, [0] * k, 0)
     while len(out) < max_new_tokens and out[-1] not in stop:
         ctx = seq + out
         drafts = [int(t) for t in draft.propose(ctx, aux, k)]
         if len(drafts) != k:
             raise ValueError(f"the draft proposed {len(drafts)} tokens, expected {k}")
-        rows, verified = target.verify(ctx, drafts)
-        preds = rows.argmax(-1).tolist()  # K + 1 target tokens
+        preds, verified = greedy_verify(target, ctx, drafts)  # K + 1 target tokens
         a = 0
         while a < k and drafts[a] == preds[a]:
             res.accepted_per_pos[a] += 1

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from eagle3_pipeline.core.choices import Evaluator
 from eagle3_pipeline.core.errors import StageError
 from eagle3_pipeline.core.metrics import details_path
 from eagle3_pipeline.core.portable import portable
@@ -166,6 +167,7 @@ def measure_acceptance(
     import torch
 
     from eagle3_pipeline.draft.checkpoint import load_trained_draft
+    from eagle3_pipeline.validate import replay
     from eagle3_pipeline.validate.acceptance import SpeculatorsDraft, Target, measure, pool
     from eagle3_pipeline.validate.prompt_sets import load_first_turns, second_turns
 
@@ -184,10 +186,16 @@ def measure_acceptance(
         draft = SpeculatorsDraft(model, device=target.device, dtype=getattr(torch, dtype))
 
         def decode(prompts: list[EvalPrompt]) -> list[Any]:
+            batch = [Prompt(p.id, p.prompt_ids) for p in prompts]
+            if v.evaluator == Evaluator.replay:
+                _, results = replay.measure(
+                    target, draft, batch, k, v.max_new_tokens, stops, v.batch_size, progress=True
+                )
+                return results
             _, results = measure(
                 target,
                 draft,
-                [Prompt(p.id, p.prompt_ids) for p in prompts],
+                batch,
                 k,
                 v.max_new_tokens,
                 stops,

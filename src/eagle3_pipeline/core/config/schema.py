@@ -25,6 +25,7 @@ from eagle3_pipeline.core.choices import (
     Device,
     DraftLayerType,
     Dtype,
+    Evaluator,
     ExtractBackend,
     ExtractMode,
     FingerprintMode,
@@ -808,6 +809,18 @@ class ValidateConfig:
     kv_cache: bool = setting(
         True, "our evaluator keeps KV caches (same tokens, no recomputed prefixes)"
     )
+    # How our evaluator decodes. ``chained``: speculative decoding prompt by prompt, one
+    # target forward per step (validate/acceptance.py). ``replay``: the target's greedy
+    # answers generated ``batch_size`` prompts at a time, then the draft replayed over them
+    # (validate/replay.py): the same counts, every answer still checked greedy, with the
+    # target's forwards batched -- what the full MT-Bench + HumanEval protocols need on a
+    # CPU. Chained decoding is kept as the reference (and for kv_cache=false).
+    evaluator: Evaluator = setting(
+        Evaluator.replay, "our evaluator: replay (target batched) or chained (per prompt)"
+    )
+    batch_size: int = setting(
+        16, "replay: prompts whose greedy answers the target generates at once", ge=1
+    )
     # Serve target + draft in vLLM, read its spec-decode counters, compare them with ours,
     # check losslessness and measure single-stream tokens/s with and without the draft.
     vllm: bool = setting(True, "measure the draft in real vLLM beside our evaluator")
@@ -831,6 +844,11 @@ class ValidateConfig:
             raise ConfigError(
                 f"validate.k_sweep={self.k_sweep}: {bad_k} outside 1..{k_max} "
                 "(train.speculative_tokens: the draft is trained for that many steps)"
+            )
+        if self.evaluator == Evaluator.replay and not self.kv_cache:
+            raise ConfigError(
+                "validate.kv_cache=false needs validate.evaluator=chained (the replay's draft "
+                "always keeps its KV cache; the recomputing decoder is the chained one)"
             )
         _check_serving_sweeps(self)
         _check_prompt_sets(self, cfg.data.heldout_size)
