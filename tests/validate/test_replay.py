@@ -5,6 +5,7 @@ decoding: identical tokens, counts and verdicts, prompt by prompt, on the tiny K
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -105,3 +106,25 @@ def test_bad_settings_are_one_line_errors(kimi: Setup) -> None:
         replay.measure(kimi.target, sd, kimi.prompts, K, 8, kimi.stops, batch_size=0)
     with pytest.raises(ConfigError, match="K=0"):
         replay.measure(kimi.target, sd, kimi.prompts, 0, 8, kimi.stops)
+
+
+def test_an_answer_off_the_greedy_path_is_decoded_chained(
+    kimi: Setup, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The guard: a batched answer the teacher-forced forward does not reproduce (here one
+    token changed) is never replayed; that prompt is decoded by the chained evaluator, so
+    the figures are still the chained ones."""
+    real = replay.greedy_batch
+
+    def one_token_off(*args: Any, **kwargs: Any) -> list[list[int]]:
+        ys = real(*args, **kwargs)
+        ys[0][2] = (ys[0][2] + 1) % kimi.target.lm.model.config.vocab_size
+        return ys
+
+    monkeypatch.setattr(replay, "greedy_batch", one_token_off)
+    caplog.set_level(logging.INFO, logger=replay.__name__)
+    prompts = _prompts(kimi)  # two batches of 4: the first row of each is changed
+    plans = replay.replays(kimi.target, prompts, K, 24, kimi.stops, batch_size=4)
+    assert [p is None for p in plans] == [True, False, False, False, True, False, False, False]
+    assert "left the greedy path" in caplog.text
+    _same(kimi, new_draft(kimi, seed=1), 24, batch_size=4)
