@@ -233,7 +233,8 @@ def test_counting_passes_run_in_flight_per_label_and_speed_over_a_subset(tmp_pat
 
 def test_one_pair_over_a_subset_times_a_single_stream_pass_of_its_own(tmp_path, monkeypatch):
     """Where one pair gives proof and speed, the main pass stays the proof over every
-    prompt, one at a time; the single-stream speed is a pass over the subset."""
+    prompt; the single-stream speed is a pass over the subset, so the proof only counts
+    and runs validate.counting_concurrency requests in flight, as the sampled pass does."""
     chosen = Precision("float32", "a real target on a CPU without native bf16")
     fake, v, _ = _measure_fake(
         tmp_path,
@@ -245,13 +246,13 @@ def test_one_pair_over_a_subset_times_a_single_stream_pass_of_its_own(tmp_path, 
     assert fake.shapes == [
         (
             "with_draft",
-            1,
+            4,
             None,
             [("c1", 1, (0, 1), False), ("sampled", 4, None, True), ("c2", 2, (0, 1), False)],
         ),
-        ("without_draft", 1, None, [("c1", 1, (0, 1), False), ("c2", 2, (0, 1), False)]),
+        ("without_draft", 4, None, [("c1", 1, (0, 1), False), ("c2", 2, (0, 1), False)]),
     ]
-    assert (v.proof_concurrency, v.speed_prompts) == (1, 2)
+    assert (v.proof_concurrency, v.speed_prompts) == (4, 2)
     assert v.speedup == pytest.approx(1.2) and v.engine_load_s.with_draft == 1.0
     assert v.concurrency is not None and v.concurrency.levels[0].generated_tokens == 6
 

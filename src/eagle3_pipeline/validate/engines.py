@@ -23,8 +23,9 @@ losslessness, the per-set figures) and a serving pair of its own decodes every p
 speed figure comes from.
 
 What makes the full protocols (all of MT-Bench's 160 turns and HumanEval's 164 problems)
-affordable on a CPU: a pass that only counts acceptance (the proof where it has engines of
-its own, the sampled pass) may run ``validate.counting_concurrency`` requests in flight,
+affordable on a CPU: a pass that only counts acceptance (the proof where it is not also
+the single-stream speed, the sampled pass) may run ``validate.counting_concurrency``
+requests in flight,
 one label (prompt set, category, turn) at a time so the counters stay per label; and the
 speed figures may be measured over ``validate.speed_prompts`` of the prompts.
 
@@ -60,8 +61,9 @@ class EnginePlan:
     proof: bool  # its greedy single stream gives the proof (counters, losslessness, sets)
     speed: bool  # its runs give the speed figures (tokens/s, concurrency, K sweep, sampled)
     passes: tuple[Pass, ...]  # decoded after the greedy main pass, in order
-    # the greedy main pass: requests in flight (above 1 only where it is a proof alone)
-    # and the prompts it decodes (None: all; a subset only where it is a speed alone)
+    # the greedy main pass: requests in flight (above 1 only where it is not the single
+    # stream: a proof alone, or one pair's proof when the speed is over a subset) and the
+    # prompts it decodes (None: all; a subset only where it is a speed alone)
     concurrency: int = 1
     subset: tuple[int, ...] | None = None
 
@@ -98,10 +100,23 @@ def plan_engines(
     alone_passes = baseline_passes(levels, subset)
     if not split(proof, serving):  # one pair: the main pass is the proof and, over all
         # prompts, the single stream; over a subset the single stream is a pass of its own
+        # and the main pass only counts, so it runs ``counting`` requests in flight (a CPU
+        # without native bf16 then proves the 324 prompts of the full protocols in minutes)
         single = [] if subset is None else [Pass(SINGLE, subset=subset)]
+        main = 1 if subset is None else counting
         return [
-            EnginePlan("with_draft", True, proof, True, True, (*single, *with_passes)),
-            EnginePlan("without_draft", False, proof, True, True, (*single, *alone_passes)),
+            EnginePlan(
+                "with_draft", True, proof, True, True, (*single, *with_passes), concurrency=main
+            ),
+            EnginePlan(
+                "without_draft",
+                False,
+                proof,
+                True,
+                True,
+                (*single, *alone_passes),
+                concurrency=main,
+            ),
         ]
     return [
         EnginePlan("with_draft", True, proof, True, False, (), concurrency=counting),

@@ -778,7 +778,8 @@ class ValidateConfig:
         doc="vLLM: requests in flight at which the speedup is measured", factory=lambda: [1, 4, 16]
     )
     # vLLM only: requests in flight in the passes that only count acceptance (the
-    # float32 proof where its engines are not the speed's, and the sampled pass); one
+    # float32 proof where it is not also the single-stream speed -- engines of its own, or
+    # validate.speed_prompts set -- and the sampled pass); one
     # prompt set / category / turn at a time, so vLLM's counters are still read per label.
     # 1: one request at a time. Above 1 the full protocols (324 prompts) fit a CPU's hours:
     # batched float arithmetic may flip a near-tie, which the record's agreement and
