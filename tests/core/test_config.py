@@ -99,6 +99,9 @@ def test_real_target_profiles_name_hub_id_and_remote_code():
         (["validate.concurrency=[]"], "validate.concurrency is empty"),
         (["validate.concurrency=[1,0]"], "validate.concurrency=[1, 0]: [0] below 1"),
         (["validate.concurrency=[4,4]"], "validate.concurrency=[4, 4]: a level is named twice"),
+        (["validate.kv_cache=false"], "needs validate.evaluator=chained"),
+        (["validate.evaluator=replayed"], "validate.evaluator"),
+        (["validate.batch_size=0"], "validate.batch_size=0 must be >= 1"),
         (["train.attn_implementation=simple_flex_attention"], "has no CPU backward"),
         (["extract.rank=1"], "extract.rank=1 must be < extract.world_size=1"),
         (
