@@ -36,16 +36,6 @@ from eagle3_pipeline.validate.acceptance import (
 
 
 @pytest.fixture(scope="module")
-def single_thread():
-    """One intra-op thread: the tiny target's forwards are call-overhead bound, and on a
-    shared 2-core machine extra threads only add contention."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
-@pytest.fixture(scope="module")
 def setup(tiny_target: Path, single_thread: None) -> Iterator[Setup]:
     s = make_setup(tiny_target)
     yield s

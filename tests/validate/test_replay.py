@@ -11,20 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from acceptance_setup import K, Setup, make_setup, new_draft, train_draft
 
 from eagle3_pipeline.core.config import ConfigError
 from eagle3_pipeline.validate import replay
 from eagle3_pipeline.validate.acceptance import Prompt, SpeculatorsDraft, measure
-
-
-@pytest.fixture(scope="module")
-def single_thread() -> Iterator[None]:
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 @pytest.fixture(scope="module")
