@@ -206,3 +206,15 @@ def in_dir(tmp_path: Path):
         yield tmp_path
     finally:
         os.chdir(old)
+
+
+@pytest.fixture(scope="module")
+def single_thread() -> Iterator[None]:
+    """One intra-op thread for the evaluator tests: the tiny target's forwards are
+    call-overhead bound, and on a shared 2-core machine extra threads only add contention."""
+    import torch  # here, not at module level: the quick tier never needs torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
