@@ -171,6 +171,7 @@ def test_the_report_states_temperature_k_and_concurrency_and_draws_the_plot():
 def test_the_per_set_table_says_how_many_requests_the_proof_had_in_flight():
     from eagle3_pipeline.validate.report import sets_lines
 
-    assert "one request at a time (concurrency 1)" in sets_lines({}, 3, 128)[0]
+    assert "vLLM one request at a time (concurrency 1)" in sets_lines({}, 3, 128)[0]
     eight = sets_lines({}, 3, 128, proof_concurrency=8)[0]
-    assert "ours one request at a time, vLLM 8 requests in flight" in eight
+    assert "vLLM 8 requests in flight, one prompt set" in eight
+    assert "one request at a time" not in eight

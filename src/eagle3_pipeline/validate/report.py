@@ -113,10 +113,12 @@ def sets_lines(
 ) -> list[str]:
     """The per-set table (and MT-Bench's per-turn and per-category rows)."""
     c = proof_concurrency or 1
+    # Our evaluator's figures are per prompt whatever it batches (validate.evaluator), so
+    # only vLLM's side names its requests in flight.
     how = (
-        "one request at a time (concurrency 1)"
+        "vLLM one request at a time (concurrency 1)"
         if c == 1
-        else f"ours one request at a time, vLLM {c} requests in flight, one prompt set, "
+        else f"vLLM {c} requests in flight, one prompt set, "
         "category and turn at a time (validate.counting_concurrency)"
     )
     lines = [
