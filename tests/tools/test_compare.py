@@ -17,7 +17,7 @@ from eagle3_pipeline.tools.experiments.compare import (
     experiments_from_json,
     main,
 )
-from eagle3_pipeline.tools.experiments.render import series
+from eagle3_pipeline.tools.experiments.render import LABEL_CHARS, curve_label, series
 
 STAGE = """\
 import json, os, yaml
@@ -173,6 +173,45 @@ def test_a_sweep_is_one_curve_per_combination_of_the_other_params():
         "train.lr=0.01": ["c"],
     }
     assert list(series(rows[:2], "train.samples", changed_params(rows[:2]))) == [""]
+
+
+def test_only_keeps_the_named_experiments_and_names_the_others_when_none_match(
+    tmp_path, capsys
+):
+    def state(samples: int, accept: float) -> dict:
+        return {
+            "params": {"params.yaml": {"data": {"train": {"samples": samples}}}},
+            "metrics": {
+                "dvclive/validate/metrics.json": {"data": {"acceptance_length": accept}}
+            },
+        }
+
+    shown = tmp_path / "shown.json"
+    sweep = [
+        {"name": f"sweep-{n}", "revs": [{"rev": f"{n:040d}", "data": state(n, 1 + n / 1e3)}]}
+        for n in (64, 250)
+    ]
+    default = {"rev": "workspace", "data": state(240, 3.6)}
+    shown.write_text(json.dumps([default, {"rev": "a" * 40, "experiments": sweep}]))
+    args = ["--json", str(shown), "--out", str(tmp_path / "x.png")]
+    assert main([*args, "--only", "sweep-*"]) == 0
+    rows = [line.split()[0] for line in capsys.readouterr().out.splitlines()[2:-1]]
+    assert rows == ["sweep-64", "sweep-250"]  # the workspace's default run left out
+    assert main([*args, "--only", "nothing-*"]) == 1
+    err = capsys.readouterr().err
+    assert "no validated experiment matches --only nothing-*" in err
+    assert "workspace, sweep-64, sweep-250" in err
+
+
+def test_a_curve_with_a_long_difference_is_named_by_its_experiments():
+    short = "train.lr=0.01"
+    assert curve_label(short, []) == short
+    members = [Experiment("workspace", "workspace"), Experiment("tiny", "tiny")]
+    long = ", ".join(f"model.tiny.p{i}=1" for i in range(10))
+    assert curve_label(long, members) == "workspace, tiny"
+    many = [Experiment(f"experiment-{i}", str(i)) for i in range(10)]
+    assert len(curve_label(long, many)) == LABEL_CHARS
+    assert curve_label(long, many).endswith("...")
 
 
 def test_the_cost_counts_the_stages_that_make_the_draft_and_no_partial_sum(tmp_path):

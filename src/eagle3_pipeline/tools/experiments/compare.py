@@ -17,6 +17,7 @@ against what each experiment's draft cost (hours and CPU-hours, from its own sta
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import subprocess
 import sys
@@ -130,6 +131,14 @@ def along(rows: list[Experiment], param: str) -> list[Experiment]:
     return sorted(kept, key=lambda r: float(r.params[param]))
 
 
+def select(rows: list[Experiment], patterns: list[str]) -> list[Experiment]:
+    """The rows whose name matches one of the glob ``patterns`` (all rows where none): a
+    sweep's experiments without the workspace's default run or an unrelated experiment."""
+    if not patterns:
+        return rows
+    return [r for r in rows if any(fnmatch.fnmatchcase(r.name, p) for p in patterns)]
+
+
 def add_cost(rows: list[Experiment], repo: Path) -> None:
     """Each row's hours and CPU-hours to its draft, from its own stage details."""
     from eagle3_pipeline.tools.experiments.cost import read_cost
@@ -185,6 +194,14 @@ def main(argv: list[str] | None = None) -> int:
         help="draw the acceptance figures against this numeric param (e.g. train.samples) "
         "and against each experiment's CPU-hours, instead of one bar per experiment",
     )
+    ap.add_argument(
+        "--only",
+        metavar="NAME",
+        action="append",
+        default=[],
+        help="keep only the experiments whose name matches this glob (repeatable; e.g. "
+        "--only 'smollm2-*' leaves out the workspace's default run)",
+    )
     args = ap.parse_args(argv)
     from eagle3_pipeline.tools.experiments.render import render_png, render_scaling, render_table
 
@@ -200,6 +217,15 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+    names = [r.name for r in rows]
+    rows = select(rows, args.only)
+    if not rows:
+        print(
+            f"error: compare: no validated experiment matches --only {' '.join(args.only)} "
+            f"(validated: {', '.join(names)})",
+            file=sys.stderr,
+        )
+        return 1
     if args.x:
         rows = along(rows, args.x)
         if not rows:
@@ -212,8 +238,8 @@ def main(argv: list[str] | None = None) -> int:
         add_cost(rows, args.repo)
     params = changed_params(rows)
     # a figure no experiment has (best K without validate.k_sweep) is not a column
-    names = [c for c, _, _ in FIGURES] + (list(COST_FIGURES) if args.x else [])
-    columns = [c for c in names if any(r.figures.get(c) is not None for r in rows)]
+    wanted = [c for c, _, _ in FIGURES] + (list(COST_FIGURES) if args.x else [])
+    columns = [c for c in wanted if any(r.figures.get(c) is not None for r in rows)]
     print(render_table(rows, params, columns))
     if args.x:
         render_scaling(rows, args.x, params, args.out)

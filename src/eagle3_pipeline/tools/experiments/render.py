@@ -88,6 +88,19 @@ def series(rows: list[Any], param: str, params: list[str]) -> dict[str, list[Any
     return out
 
 
+LABEL_CHARS = 60  # a curve named by more params than this is named by its experiments
+
+
+def curve_label(key: str, members: list[Any]) -> str:
+    """A curve's legend: the other params' values where they are short, else the names of
+    its experiments (a curve that differs from the sweep in a whole model config would
+    otherwise draw a legend wider than the figure)."""
+    if len(key) <= LABEL_CHARS:
+        return key
+    names = ", ".join(r.name for r in members)
+    return names if len(names) <= LABEL_CHARS else names[: LABEL_CHARS - 3] + "..."
+
+
 def render_scaling(rows: list[Any], param: str, params: list[str], out: Path) -> None:
     """Acceptance against ``param`` (log scale: sample counts grow by factors) and against
     CPU-hours, and vLLM's single-stream speedup against ``param``; one point per experiment,
@@ -133,7 +146,7 @@ def render_scaling(rows: list[Any], param: str, params: list[str], out: Path) ->
                 if not pts:
                     continue
                 pts.sort()
-                label = f"{name} ({key})" if key else name
+                label = f"{name} ({curve_label(key, members)})" if key else name
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
                 for x, y, _ in pts:
                     ax.annotate(
@@ -148,7 +161,7 @@ def render_scaling(rows: list[Any], param: str, params: list[str], out: Path) ->
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
         if drawn and (len(names) > 1 or len(curves_of) > 1):
-            ax.legend(fontsize=8)
+            ax.legend(fontsize=7)
     fig.suptitle(f"acceptance against {param} ({len(rows)} experiments)")
     fig.tight_layout()
     buf = io.BytesIO()
