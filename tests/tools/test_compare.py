@@ -175,15 +175,11 @@ def test_a_sweep_is_one_curve_per_combination_of_the_other_params():
     assert list(series(rows[:2], "train.samples", changed_params(rows[:2]))) == [""]
 
 
-def test_only_keeps_the_named_experiments_and_names_the_others_when_none_match(
-    tmp_path, capsys
-):
+def test_only_keeps_the_named_experiments_and_names_the_others_when_none_match(tmp_path, capsys):
     def state(samples: int, accept: float) -> dict:
         return {
             "params": {"params.yaml": {"data": {"train": {"samples": samples}}}},
-            "metrics": {
-                "dvclive/validate/metrics.json": {"data": {"acceptance_length": accept}}
-            },
+            "metrics": {"dvclive/validate/metrics.json": {"data": {"acceptance_length": accept}}},
         }
 
     shown = tmp_path / "shown.json"
