@@ -101,6 +101,18 @@ def curve_label(key: str, members: list[Any]) -> str:
     return names if len(names) <= LABEL_CHARS else names[: LABEL_CHARS - 3] + "..."
 
 
+def _readable_log_ticks(ax: Any, at_points: bool) -> None:
+    """A log axis without matplotlib's minor labels (they overlap: "3x10^2 4x10^2"); along
+    the swept param, the ticks are the swept values themselves (64, 250, 1000)."""
+    from matplotlib.ticker import NullFormatter
+
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    xs = sorted({float(x) for line in ax.get_lines() for x in line.get_xdata()})
+    if at_points and len(xs) <= 8:
+        ax.set_xticks(xs, [_fmt(int(x) if x.is_integer() else x) for x in xs])
+        ax.xaxis.set_minor_formatter(NullFormatter())
+
+
 def render_scaling(rows: list[Any], param: str, params: list[str], out: Path) -> None:
     """Acceptance against ``param`` (log scale: sample counts grow by factors) and against
     CPU-hours, and vLLM's single-stream speedup against ``param``; one point per experiment,
@@ -157,6 +169,7 @@ def render_scaling(rows: list[Any], param: str, params: list[str], out: Path) ->
             ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes)
         elif all(x > 0 for line in ax.get_lines() for x in line.get_xdata()):
             ax.set_xscale("log")
+            _readable_log_ticks(ax, xlabel == param)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
