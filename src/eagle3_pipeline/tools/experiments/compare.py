@@ -163,6 +163,12 @@ def dvc_exp_show(cwd: Path, extra: list[str]) -> list[dict[str, Any]]:
     return json.loads(proc.stdout)
 
 
+def _fail(message: str) -> int:
+    """One line on stderr naming the command, and the exit status of a failed comparison."""
+    print(f"error: compare: {message}", file=sys.stderr)
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="eagle3-compare",
@@ -211,30 +217,23 @@ def main(argv: list[str] | None = None) -> int:
         shown = dvc_exp_show(args.repo, ["-A"] if args.all_commits else [])
     rows = experiments_from_json(shown)
     if not rows:
-        print(
-            "error: compare: no experiment has validated yet (dvc repro, then "
-            "dvc exp run -S train.samples=...)",
-            file=sys.stderr,
+        return _fail(
+            "no experiment has validated yet (dvc repro, then dvc exp run -S train.samples=...)"
         )
-        return 1
     names = [r.name for r in rows]
     rows = select(rows, args.only)
     if not rows:
-        print(
-            f"error: compare: no validated experiment matches --only {' '.join(args.only)} "
-            f"(validated: {', '.join(names)})",
-            file=sys.stderr,
+        return _fail(
+            f"no validated experiment matches --only {' '.join(args.only)} "
+            f"(validated: {', '.join(names)})"
         )
-        return 1
     if args.x:
         rows = along(rows, args.x)
         if not rows:
-            print(
-                f"error: compare: no validated experiment has a numeric {args.x} (run a sweep: "
-                f"dvc exp run --queue -S {args.x}=64,250,1000, then dvc queue start)",
-                file=sys.stderr,
+            return _fail(
+                f"no validated experiment has a numeric {args.x} (run a sweep: "
+                f"dvc exp run --queue -S {args.x}=64,250,1000, then dvc queue start)"
             )
-            return 1
         add_cost(rows, args.repo)
     params = changed_params(rows)
     # a figure no experiment has (best K without validate.k_sweep) is not a column
