@@ -110,7 +110,6 @@ def _readable_log_ticks(ax: Any, at_points: bool) -> None:
     xs = sorted({float(x) for line in ax.get_lines() for x in line.get_xdata()})
     if at_points and len(xs) <= 8:
         ax.set_xticks(xs, [_fmt(int(x) if x.is_integer() else x) for x in xs])
-        ax.xaxis.set_minor_formatter(NullFormatter())
 
 
 def render_scaling(rows: list[Any], param: str, params: list[str], out: Path) -> None:
