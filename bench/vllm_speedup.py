@@ -17,6 +17,11 @@ Run from a working directory that holds data/target, data/draft and data/heldout
 (after ``dvc repro``):
 
     python bench/vllm_speedup.py [--rounds 2] [--prompts 16] [--max-tokens 64]
+        [--dtype bfloat16] [--draft-only]
+
+``--dtype bfloat16`` times the engines as a user serves the target on a CPU with native
+bf16 (the validate stage's speed figures are one pass, not interleaved rounds);
+``--draft-only`` keeps the first two engines, for a target without MLA.
 """
 
 from __future__ import annotations
@@ -35,6 +40,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="the engines' precision: float32 (exact, the proof's) or bfloat16 (as a user "
+        "serves the target on a CPU with native bf16)",
+    )
+    parser.add_argument(
+        "--draft-only",
+        action="store_true",
+        help="time only the target and target + draft (skip the MLA and rotary workaround "
+        "engines, which matter only for MLA targets on the CPU build)",
+    )
     parser.add_argument("overrides", nargs="*", help="config key=value")
     args = parser.parse_args()
 
@@ -61,17 +79,20 @@ def main() -> None:
     stops = stop_token_ids(model)
     python = find_python(cfg.vllm.python)
 
-    base = build_engine(cfg, spec, model, "baseline", dtype="float32")
+    base = build_engine(cfg, spec, model, "baseline", dtype=args.dtype)
     engines = {
         "target": base,
         "target + draft": build_engine(
-            cfg, spec, model, "validate", dtype="float32", draft_dir=draft, k=k
-        ),
-        "target, MLA off": dataclasses.replace(base, env={**base.env, "VLLM_MLA_DISABLE": "1"}),
-        "target, rotary op off": dataclasses.replace(
-            base, compilation_config=CompilationConfig(["-rotary_embedding"])
+            cfg, spec, model, "validate", dtype=args.dtype, draft_dir=draft, k=k
         ),
     }
+    if not args.draft_only:
+        engines["target, MLA off"] = dataclasses.replace(
+            base, env={**base.env, "VLLM_MLA_DISABLE": "1"}
+        )
+        engines["target, rotary op off"] = dataclasses.replace(
+            base, compilation_config=CompilationConfig(["-rotary_embedding"])
+        )
     tps: dict[str, list[float]] = {name: [] for name in engines}
     ratio: dict[str, list[float]] = {name: [] for name in engines}
     loads: dict[str, list[float]] = {name: [] for name in engines}
@@ -101,7 +122,7 @@ def main() -> None:
 
     print(
         f"\n{len(prompts)} prompts, at most {args.max_tokens} tokens each, K={k}, "
-        f"float32, {args.rounds} round(s), single stream"
+        f"{args.dtype}, {args.rounds} round(s), single stream"
     )
     print(
         f"{'engine':<24} {'tokens/s':>10} {'vs target':>10} {'ready (s)':>10} {'same output':>12}"
