@@ -26,7 +26,8 @@ read per prompt set. Printed: acceptance length pooled and per set, optimizer st
 wall time, and the ratio of each figure to the stronger stock run's.
 
     python bench/recipe.py [--workdir .] [--out bench_out/recipe] [--skip-stock-defaults]
-                           [--resume] [--variant muon train.optimizer=muon ...]
+                           [--set validate.num_prompts=24 ...] [--resume]
+                           [--variant muon train.optimizer=muon ...]
 
 ``--resume`` keeps what ``recipe.json`` already holds (a stock run takes the longest), so
 adding a variant costs only that variant.
@@ -150,6 +151,32 @@ def train_stock(cfg: Any, spec: Any, work: Path, out: Path, extra: list[str]) ->
     }
 
 
+def _apply_sets(params: dict[str, Any], sets: list[str]) -> None:
+    """Set each dotted ``key=value`` (YAML value) in the params snapshot ``params``."""
+    for item in sets:
+        key, value = item.split("=", 1)
+        node = params
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node[p]
+        node[leaf] = yaml.safe_load(value)
+
+
+def measured_params(work: Path, out: Path, sets: list[str]) -> Path:
+    """The work directory's params snapshot, with the measurement's ``validate.*`` keys
+    in ``sets`` changed (e.g. fewer prompts than the work directory's own validation
+    served), written to ``OUT/params.yaml``; the work directory's own when ``sets`` is
+    empty. Drafts are still trained with the work directory's ``train`` keys."""
+    if not sets:
+        return work / "params.yaml"
+    params = yaml.safe_load((work / "params.yaml").read_text())
+    _apply_sets(params, sets)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "params.yaml"
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+    return path
+
+
 def train_variant(work: Path, out: Path, sets: list[str]) -> dict[str, Any]:
     """The pipeline's train stage on the same data with ``sets`` changed, into ``out``."""
     params = yaml.safe_load((work / "params.yaml").read_text())
@@ -160,13 +187,7 @@ def train_variant(work: Path, out: Path, sets: list[str]) -> dict[str, Any]:
         f"paths.live={out / 'live'}",
         f"paths.details={out / 'details'}",
     ]
-    for item in sets:
-        key, value = item.split("=", 1)
-        node = params
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node[p]
-        node[leaf] = yaml.safe_load(value)
+    _apply_sets(params, sets)
     out.mkdir(parents=True, exist_ok=True)
     (out / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     cmd = [
@@ -324,6 +345,15 @@ def main() -> None:
         "epochs) and train only the missing ones",
     )
     ap.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="validate.KEY=VALUE",
+        help="measure with this validate key changed (repeatable), e.g. "
+        "validate.num_prompts=24 on a work directory validated on every prompt",
+    )
+    ap.add_argument(
         "--variant",
         nargs="+",
         action="append",
@@ -332,6 +362,9 @@ def main() -> None:
         help="also train the pipeline's recipe with these keys changed",
     )
     args = ap.parse_args()
+    bad = [s for s in args.sets if "=" not in s or not s.startswith("validate.")]
+    if bad:
+        ap.error(f"--set takes validate.KEY=VALUE (train keys go in --variant): {bad[0]}")
 
     from eagle3_pipeline.core.config import load_params
     from eagle3_pipeline.targets.adapter import load_target_spec
@@ -339,7 +372,7 @@ def main() -> None:
 
     work = args.workdir.resolve()
     out = args.out if args.out.is_absolute() else work / args.out
-    cfg = load_params(work / "params.yaml")
+    cfg = load_params(measured_params(work, out, args.sets))
     if args.epochs is not None:
         cfg.train.epochs = args.epochs
     spec = load_target_spec(work / cfg.paths.target / "target.json")
