@@ -17,11 +17,14 @@ Run from a working directory that holds data/target, data/draft and data/heldout
 (after ``dvc repro``):
 
     python bench/vllm_speedup.py [--rounds 2] [--prompts 16] [--max-tokens 64]
-        [--dtype bfloat16] [--draft-only]
+        [--dtype bfloat16] [--draft-only] [--prompt-set mt_bench --prompt-set humaneval]
 
 ``--dtype bfloat16`` times the engines as a user serves the target on a CPU with native
 bf16 (the validate stage's speed figures are one pass, not interleaved rounds);
-``--draft-only`` keeps the first two engines, for a target without MLA.
+``--draft-only`` keeps the first two engines, for a target without MLA;
+``--prompt-set mt_bench --prompt-set humaneval`` times validate's prompt sets (first turns, the
+seeded subsets validate picks, ``--prompts`` per set) instead of the held-out
+conversations.
 """
 
 from __future__ import annotations
@@ -53,8 +56,20 @@ def main() -> None:
         help="time only the target and target + draft (skip the MLA and rotary workaround "
         "engines, which matter only for MLA targets on the CPU build)",
     )
+    parser.add_argument(
+        "--prompt-set",
+        dest="prompt_sets",
+        action="append",
+        choices=("heldout", "mt_bench", "humaneval"),
+        default=None,
+        help="where the prompts come from (repeatable): heldout (the first --prompts "
+        "held-out conversations, the default) or validate's prompt sets (mt_bench, "
+        "humaneval: first turns, a seeded stratified subset of --prompts each, as "
+        "validate picks them)",
+    )
     parser.add_argument("overrides", nargs="*", help="config key=value")
     args = parser.parse_args()
+    args.prompt_sets = args.prompt_sets or ["heldout"]
 
     from eagle3_pipeline.core.config import load_config
     from eagle3_pipeline.serving.engine import CompilationConfig, build_engine
@@ -62,7 +77,8 @@ def main() -> None:
     from eagle3_pipeline.serving.offline import run_offline
     from eagle3_pipeline.targets.adapter import load_target_spec
     from eagle3_pipeline.validate.acceptance import load_prompts
-    from eagle3_pipeline.validate.run import stop_token_ids
+    from eagle3_pipeline.validate.prompt_sets import load_first_turns
+    from eagle3_pipeline.validate.run import load_tokenizer, stop_token_ids
 
     cfg = load_config(args.overrides)
     data = Path(cfg.data_dir)
@@ -73,8 +89,19 @@ def main() -> None:
         cfg.validate.k
         or draft_cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
     )
-    prompts = [p.prompt_ids for p in load_prompts(data / "heldout" / "prompts.jsonl")]
-    prompts = prompts[: args.prompts]
+    if args.prompt_sets == ["heldout"]:
+        prompts = [p.prompt_ids for p in load_prompts(data / "heldout" / "prompts.jsonl")]
+        prompts = prompts[: args.prompts]
+    else:
+        first = load_first_turns(
+            args.prompt_sets,
+            data / "heldout" / "prompts.jsonl",
+            load_tokenizer(spec),
+            args.prompts,
+            cfg.seed,
+            spec.vocab_size,
+        )
+        prompts = [p.prompt_ids for p in first]
     model = spec.path or ""
     stops = stop_token_ids(model)
     python = find_python(cfg.vllm.python)
@@ -121,7 +148,7 @@ def main() -> None:
             ratio[name].append(round_tps[name] / round_tps["target"])
 
     print(
-        f"\n{len(prompts)} prompts, at most {args.max_tokens} tokens each, K={k}, "
+        f"\n{len(prompts)} prompts ({', '.join(args.prompt_sets)}), at most {args.max_tokens} tokens each, K={k}, "
         f"{args.dtype}, {args.rounds} round(s), single stream"
     )
     print(
